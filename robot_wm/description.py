@@ -33,7 +33,13 @@ def xacro_path() -> Path:
     return data_path(*XACRO_FILE)
 
 
-def expand(hardware: str = "mock", hardware_params: str = "", prefix: str = "", ros2_control: bool = True) -> str:
+def expand(
+    hardware: str = "mock",
+    hardware_params: str = "",
+    prefix: str = "",
+    ros2_control: bool = True,
+    controllers_file: str = "",
+) -> str:
     """Expand the arm xacro to a URDF string.
 
     Args:
@@ -41,14 +47,17 @@ def expand(hardware: str = "mock", hardware_params: str = "", prefix: str = "", 
         hardware_params: extra plugin parameters, ``"name=value;name2=value2"``.
         prefix: joint/link name prefix.
         ros2_control: include the ``<ros2_control>`` block.
+        controllers_file: absolute path of controllers.yaml (used by hardware=gazebo).
     Returns:
         The URDF XML text.
     """
-    return _expand_cached(str(xacro_path()), hardware, hardware_params, prefix, bool(ros2_control))
+    return _expand_cached(str(xacro_path()), hardware, hardware_params, prefix, bool(ros2_control), controllers_file)
 
 
 @functools.lru_cache(maxsize=16)
-def _expand_cached(path: str, hardware: str, hardware_params: str, prefix: str, ros2_control: bool) -> str:
+def _expand_cached(
+    path: str, hardware: str, hardware_params: str, prefix: str, ros2_control: bool, controllers_file: str
+) -> str:
     import xacro  # imported lazily: only description users need it
 
     mappings = {
@@ -56,6 +65,7 @@ def _expand_cached(path: str, hardware: str, hardware_params: str, prefix: str, 
         "hardware_params": hardware_params,
         "prefix": prefix,
         "ros2_control": "true" if ros2_control else "false",
+        "controllers_file": controllers_file,
     }
     doc = xacro.process_file(path, mappings=mappings)
     return doc.toprettyxml(indent="  ")

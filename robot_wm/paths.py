@@ -3,11 +3,13 @@
 Three layouts are supported, tried in order:
   1. ``ROBOT_WM_SHARE`` names a directory explicitly (tests, unusual installs);
   2. the source tree (editable pip install, pytest from the repo): the directory above this package;
-  3. a colcon/ament install: ``share/robot_wm`` found through the ament index.
+  3. a colcon/ament install: ``share/robot_wm`` found through the ament index;
+  4. a plain (non-editable) pip install: ``<sys.prefix>/share/robot_wm`` from setup.py's data_files.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 _MARKER = "package.xml"
@@ -37,6 +39,9 @@ def share_dir() -> Path:
             return Path(get_package_share_directory("robot_wm"))
         except PackageNotFoundError:
             pass
+    prefixed = Path(sys.prefix) / "share" / "robot_wm"
+    if (prefixed / _MARKER).is_file():
+        return prefixed
     raise DataFileError(
         "cannot find robot_wm's data files (config/, urdf/): not in the source tree next to "
         f"{Path(__file__).parent}, not in the ament index; set ROBOT_WM_SHARE to the directory holding package.xml"

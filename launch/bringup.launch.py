@@ -1,0 +1,54 @@
+"""Bring up robot_wm on a ROS 2 install.
+
+    ros2 launch robot_wm bringup.launch.py hardware:=mock|gazebo|mujoco|topic_based|<plugin> \
+        [hardware_params:="ip=10.0.0.2;port=50002"] [profile:=nominal|real_twin|<file.yaml>]
+
+The process list comes from robot_wm.graph.plan() (config/graph.yaml), the same definition
+`robot-wm up` uses, so the two cannot drift. DDS is kept on loopback unless ROBOT_WM_DDS=system.
+"""
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction, SetEnvironmentVariable
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+
+def _nodes(context):
+    from robot_wm import graph, rosenv  # imported at launch time, after the workspace is sourced
+
+    hardware = LaunchConfiguration("hardware").perform(context)
+    hardware_params = LaunchConfiguration("hardware_params").perform(context)
+    profile = LaunchConfiguration("profile").perform(context)
+    actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
+    overrides = {"profile": profile} if hardware == graph.EMBEDDED else None
+    for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides):
+        params = [str(p) for p in spec.param_files]
+        inline = dict(spec.parameters)
+        actions.append(
+            Node(
+                package=spec.package,
+                executable=spec.executable,
+                name=spec.name if spec.executable != "spawner" else None,
+                parameters=params + ([inline] if inline else []),
+                arguments=list(spec.arguments),
+                output="screen",
+            )
+        )
+    if hardware == "gazebo":
+        from ament_index_python.packages import get_package_share_directory
+
+        gz_launch = get_package_share_directory("ros_gz_sim") + "/launch/gz_sim.launch.py"
+        actions.insert(0, IncludeLaunchDescription(PythonLaunchDescriptionSource(gz_launch), launch_arguments={"gz_args": "-r empty.sdf"}.items()))
+    return actions
+
+
+def generate_launch_description():
+    return LaunchDescription([
+        DeclareLaunchArgument("hardware", default_value="mock",
+                              description="mock | gazebo | mujoco | topic_based | <ros2_control plugin name>"),
+        DeclareLaunchArgument("hardware_params", default_value="",
+                              description="extra plugin parameters, 'name=value;name2=value2'"),
+        DeclareLaunchArgument("profile", default_value="nominal",
+                              description="embedded arm dynamics profile (hardware:=mujoco only)"),
+        OpaqueFunction(function=_nodes),
+    ])

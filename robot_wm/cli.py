@@ -1,0 +1,134 @@
+"""robot-wm: one command for the whole robot_wm stack.
+
+Run `robot-wm <verb> --help` for details of each verb.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  robot-wm doctor                     check this machine (interfaces, DDS profile, URDF, models)
+  robot-wm sim --profile real_twin    run only the embedded MuJoCo arm (Ctrl-C to stop)
+  robot-wm up                         bring up the node graph on the embedded arm
+  robot-wm demo                       scripted motion through the ROS topics, live status, summary
+  eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
+
+Every process robot-wm starts keeps DDS traffic on loopback (config/fastdds_loopback.xml);
+set ROBOT_WM_DDS=system to manage DDS yourself (e.g. robot PC + GPU box).
+"""
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from robot_wm.nodes.arm_sim import ArmSimNode
+    from robot_wm.nodes.runner import run_nodes
+    from robot_wm.paths import config_path
+
+    ros_args = ["--ros-args", "--params-file", str(config_path("robot.yaml")), "--params-file", str(config_path("arm_sim.yaml")),
+                "-p", f"profile:={args.profile}", "-p", f"publish_rate_hz:={float(args.rate)}",
+                "-p", f"command_timeout_s:={float(args.command_timeout)}", "-p", f"publish_clock:={str(args.clock).lower()}"]
+    return run_nodes([lambda ctx: ArmSimNode(context=ctx)], ["robot-wm-sim", *ros_args])
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from robot_wm.graph import EMBEDDED, plan
+    from robot_wm.rosenv import loopback_env
+    from robot_wm.supervisor import Supervisor
+
+    if args.hardware != EMBEDDED:
+        print(f"hardware {args.hardware!r} runs through ros2_control, which needs a ROS 2 install:\n"
+              f"  ros2 launch robot_wm bringup.launch.py hardware:={args.hardware}\n"
+              f"without a ROS install, use the embedded arm: robot-wm up --hardware {EMBEDDED}", file=sys.stderr)
+        return 2
+    specs = plan(args.hardware, overrides={"profile": args.profile})
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    supervisor = Supervisor(specs, loopback_env())
+    for spec in supervisor.skipped:
+        print(f"up: skipping {spec.name} ({spec.package}/{spec.executable}): needs a ROS 2 install")
+    supervisor.start()
+    for child in supervisor.children:
+        print(f"up: {child.spec.name} running (pid {child.process.pid})")
+    print("up: graph running on the embedded arm; Ctrl-C to stop", flush=True)
+    code = 0
+    while not stop.is_set():
+        failed = supervisor.failed()
+        if failed:
+            print(f"up: {', '.join(c.spec.name for c in failed)} exited "
+                  f"({', '.join(str(c.process.returncode) for c in failed)}); stopping the graph", file=sys.stderr)
+            code = 1
+            break
+        stop.wait(0.1)
+    codes = supervisor.stop()
+    print(f"up: stopped ({', '.join(f'{k}={v}' for k, v in codes.items())})")
+    return code
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from robot_wm.demo import run_demo
+
+    return run_demo(profile=args.profile, out_dir=Path(args.out) if args.out else None)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from robot_wm.doctor import run_doctor
+
+    return run_doctor(live=not args.offline)
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    from robot_wm.rosenv import shell_exports
+
+    print(shell_exports())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the robot-wm command."""
+    parser = argparse.ArgumentParser(
+        prog="robot-wm",
+        description="robot_wm: world-model-bridged sim-to-real control of a 6-DOF arm on ROS 2.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = verbs.add_parser("sim", help="run the embedded MuJoCo arm alone (the ros2_control topic contract)")
+    p.add_argument("--profile", default="nominal", help="dynamics profile: nominal, real_twin or a path to a profile YAML")
+    p.add_argument("--rate", type=float, default=500.0, help="/joint_states rate in Hz (default 500)")
+    p.add_argument("--command-timeout", type=float, default=0.05, help="decelerate to rest after this many seconds without a command")
+    p.add_argument("--clock", action="store_true", help="publish simulated time on /clock")
+    p.set_defaults(func=_cmd_sim)
+
+    p = verbs.add_parser("up", help="bring up the node graph (config/graph.yaml) on the embedded arm")
+    p.add_argument("--hardware", default="mujoco", help="mujoco (default); other hardware needs `ros2 launch` on a ROS install")
+    p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
+    p.set_defaults(func=_cmd_up)
+
+    p = verbs.add_parser("demo", help="the main job: the stack on the embedded arm with a live status line and a summary")
+    p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
+    p.add_argument("--out", default="out/demo", help="directory for the summary (and report) files")
+    p.set_defaults(func=_cmd_demo)
+
+    p = verbs.add_parser("doctor", help="check the environment and say how to fix what is wrong")
+    p.add_argument("--offline", action="store_true", help="skip the live ROS 2 round trip")
+    p.set_defaults(func=_cmd_doctor)
+
+    p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
+    p.set_defaults(func=_cmd_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the robot-wm command."""
+    args = build_parser().parse_args(argv)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

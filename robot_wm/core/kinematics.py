@@ -1,0 +1,56 @@
+"""Arm kinematics with pinocchio: tool pose, frame positions and Jacobians from the URDF."""
+from __future__ import annotations
+
+import numpy as np
+import pinocchio as pin
+
+
+class Kinematics:
+    """Forward kinematics and Jacobians of one frame chain, built from URDF text.
+
+    Args:
+        urdf_xml: the expanded robot description.
+        joint_names: joint order of the q vectors passed in (e.g. from config/robot.yaml).
+        tool_frame: frame whose pose ``tool_position_m`` returns.
+    """
+
+    def __init__(self, urdf_xml: str, joint_names: list[str] | tuple[str, ...], tool_frame: str = "tool0") -> None:
+        self.model = pin.buildModelFromXML(urdf_xml)
+        self.data = self.model.createData()
+        model_joints = [self.model.names[i] for i in range(1, self.model.njoints)]
+        if sorted(model_joints) != sorted(joint_names):
+            raise ValueError(f"joint_names {list(joint_names)} do not match the URDF's joints {model_joints}")
+        # q in joint_names order -> pinocchio's q layout (all joints here are 1-DOF revolute)
+        self._perm = np.array([self.model.joints[self.model.getJointId(n)].idx_q for n in joint_names])
+        if not self.model.existFrame(tool_frame):
+            raise ValueError(f"tool_frame {tool_frame!r} is not a frame of the URDF")
+        self.tool_frame_id = self.model.getFrameId(tool_frame)
+        self.joint_names = tuple(joint_names)
+
+    def _q(self, q_rad: np.ndarray) -> np.ndarray:
+        q_rad = np.asarray(q_rad, dtype=float)
+        if q_rad.shape != (len(self.joint_names),):
+            raise ValueError(f"q_rad has shape {q_rad.shape}, expected ({len(self.joint_names)},)")
+        q = np.empty(self.model.nq)
+        q[self._perm] = q_rad
+        return q
+
+    def frame_pose(self, q_rad: np.ndarray, frame: str | None = None) -> pin.SE3:
+        """Return T_base_frame for the given joint positions (default frame: the tool)."""
+        frame_id = self.tool_frame_id if frame is None else self.model.getFrameId(frame)
+        pin.framesForwardKinematics(self.model, self.data, self._q(q_rad))
+        return self.data.oMf[frame_id].copy()
+
+    def tool_position_m(self, q_rad: np.ndarray) -> np.ndarray:
+        """Return the tool position in the base frame (m)."""
+        return self.frame_pose(q_rad).translation.copy()
+
+    def tool_jacobian(self, q_rad: np.ndarray) -> np.ndarray:
+        """Return the 6xN tool Jacobian in the base-aligned frame at the tool (LOCAL_WORLD_ALIGNED), columns in joint order."""
+        q = self._q(q_rad)
+        jac = pin.computeFrameJacobian(self.model, self.data, q, self.tool_frame_id, pin.LOCAL_WORLD_ALIGNED)
+        return jac[:, self._perm]
+
+    def tool_linear_velocity_mps(self, q_rad: np.ndarray, v_radps: np.ndarray) -> np.ndarray:
+        """Return the tool's linear velocity in the base frame (m/s)."""
+        return self.tool_jacobian(q_rad)[:3] @ np.asarray(v_radps, dtype=float)

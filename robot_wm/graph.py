@@ -1,0 +1,128 @@
+"""The node graph, defined once in config/graph.yaml and turned into a process plan here.
+
+``plan(hardware)`` is the single source for both ways of bringing robot_wm up:
+launch/bringup.launch.py maps each ProcessSpec to a ``launch_ros.actions.Node``; ``robot-wm up``
+starts the specs that have a Python module as subprocesses. Tests check the plan directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from robot_wm.paths import config_path
+
+EMBEDDED = "mujoco"
+KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco")
+
+
+class GraphError(ValueError):
+    """config/graph.yaml is malformed; the message names the entry and field."""
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of the graph: what to start, with which parameters."""
+
+    name: str
+    package: str
+    executable: str
+    module: str | None = None
+    param_files: tuple[Path, ...] = ()
+    arguments: tuple[str, ...] = ()
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs_ros_install(self) -> bool:
+        """True when only a ROS 2 install can start it (no Python module of robot_wm)."""
+        return self.module is None
+
+
+_ALLOWED_KEYS = {"name", "package", "executable", "module", "params", "arguments", "description"}
+
+
+def _parse_entry(entry: Any, where: str) -> tuple[ProcessSpec, bool]:
+    if not isinstance(entry, dict):
+        raise GraphError(f"{where}: expected a mapping, got {entry!r}")
+    unknown = set(entry) - _ALLOWED_KEYS
+    if unknown:
+        raise GraphError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_ALLOWED_KEYS)}")
+    for key in ("name", "package", "executable"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise GraphError(f"{where}: field {key!r} must be a non-empty string, got {entry.get(key)!r}")
+    params = entry.get("params", [])
+    if not isinstance(params, list):
+        raise GraphError(f"{where}: field 'params' must be a list of file names in config/, got {params!r}")
+    spec = ProcessSpec(
+        name=entry["name"],
+        package=entry["package"],
+        executable=entry["executable"],
+        module=entry.get("module"),
+        param_files=tuple(config_path(p) for p in params),
+        arguments=tuple(str(a) for a in entry.get("arguments", [])),
+    )
+    return spec, bool(entry.get("description", False))
+
+
+def load_graph(path: Path | None = None) -> dict[str, Any]:
+    """Read and validate config/graph.yaml (or ``path``)."""
+    path = path or config_path("graph.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise GraphError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise GraphError(f"{path}: expected a mapping with keys hardware, common, stack")
+    for key in ("hardware", "common", "stack"):
+        if key not in data:
+            raise GraphError(f"{path}: missing top-level key {key!r}")
+    hardware = data["hardware"]
+    if not isinstance(hardware, dict) or EMBEDDED not in hardware or "ros2_control" not in hardware:
+        raise GraphError(f"{path}: 'hardware' must map at least '{EMBEDDED}' and 'ros2_control' to node lists")
+    return data
+
+
+def plan(
+    hardware: str = EMBEDDED,
+    *,
+    hardware_params: str = "",
+    graph_path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> list[ProcessSpec]:
+    """Return the processes that bring up robot_wm on ``hardware``.
+
+    Args:
+        hardware: mujoco (embedded arm), mock, gazebo, topic_based, or a ros2_control plugin name.
+        hardware_params: extra plugin parameters for the description, ``"name=value;name2=value2"``.
+        graph_path: alternative graph file (tests).
+        overrides: parameters set on every robot_wm node (e.g. ``{"profile": "real_twin"}`` for arm_sim).
+    Returns:
+        ProcessSpecs in start order: hardware, common nodes, then the control stack.
+    """
+    from robot_wm import description  # xacro is needed only when a node takes the description
+
+    if not hardware or any(c.isspace() for c in hardware):
+        raise GraphError(f"hardware {hardware!r}: expected mock, gazebo, topic_based, mujoco or a plugin name")
+    data = load_graph(graph_path)
+    group = hardware if hardware in data["hardware"] else "ros2_control"
+    entries = [(f"hardware.{group}[{i}]", e) for i, e in enumerate(data["hardware"][group] or [])]
+    entries += [(f"common[{i}]", e) for i, e in enumerate(data["common"] or [])]
+    entries += [(f"stack[{i}]", e) for i, e in enumerate(data["stack"] or [])]
+    specs = []
+    for where, entry in entries:
+        spec, wants_description = _parse_entry(entry, f"graph.yaml {where}")
+        params: dict[str, Any] = {}
+        if wants_description:
+            params["robot_description"] = description.expand(
+                hardware=hardware, hardware_params=hardware_params, controllers_file=str(config_path("controllers.yaml"))
+            )
+        if overrides and spec.package == "robot_wm":
+            params.update(overrides)
+        specs.append(ProcessSpec(spec.name, spec.package, spec.executable, spec.module, spec.param_files, spec.arguments, params))
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise GraphError(f"graph.yaml: node names used twice for hardware {hardware!r}: {duplicates}")
+    return specs

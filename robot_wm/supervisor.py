@@ -1,0 +1,104 @@
+"""Start the node graph as child processes and stop it cleanly: the pip-path `robot-wm up`.
+
+Each robot_wm node runs in its own process (``python -m <module> --ros-args ...``), exactly as
+``ros2 run`` would start it. Children die with the supervisor (PR_SET_PDEATHSIG), get SIGINT in
+reverse start order on shutdown and SIGKILL if they outstay the grace period.
+"""
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from robot_wm.graph import ProcessSpec
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _param_arg(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = repr(value)
+    return f"{key}:={text}"
+
+
+def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
+    """Return the command line that starts ``spec`` on the pip path (no ROS install)."""
+    if spec.module is None:
+        raise ValueError(f"node {spec.name!r} ({spec.package}/{spec.executable}) needs a ROS 2 install to run")
+    cmd = [python, "-m", spec.module, *spec.arguments, "--ros-args", "-r", f"__node:={spec.name}"]
+    for path in spec.param_files:
+        cmd += ["--params-file", str(path)]
+    for key, value in spec.parameters.items():
+        cmd += ["-p", _param_arg(key, value)]
+    return cmd
+
+
+@dataclass
+class Child:
+    """A started node process."""
+
+    spec: ProcessSpec
+    process: subprocess.Popen
+
+
+class Supervisor:
+    """Own the node processes of one bring-up."""
+
+    def __init__(self, specs: list[ProcessSpec], env: dict[str, str], grace_s: float = 1.5) -> None:
+        self.specs = [s for s in specs if not s.needs_ros_install]
+        self.skipped = [s for s in specs if s.needs_ros_install]
+        self.env = env
+        self.grace_s = grace_s
+        self.children: list[Child] = []
+
+    def start(self) -> None:
+        """Start every node that can run without a ROS install."""
+        for spec in self.specs:
+            process = subprocess.Popen(command_for(spec), env=self.env, preexec_fn=_die_with_parent)
+            self.children.append(Child(spec, process))
+
+    def failed(self) -> list[Child]:
+        """Return children that exited on their own."""
+        return [c for c in self.children if c.process.poll() is not None]
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGINT every child (reverse order), wait up to the grace period, then SIGKILL; return exit codes."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + self.grace_s
+        for child in self.children:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+        return {c.spec.name: c.process.returncode for c in self.children}
+
+    def __enter__(self) -> "Supervisor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def pids(supervisor: Supervisor) -> list[int]:
+    """Return the PIDs of the supervised processes (for operators and tests)."""
+    return [c.process.pid for c in supervisor.children]
+
+
+__all__ = ["Supervisor", "command_for", "pids"]

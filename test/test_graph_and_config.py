@@ -1,0 +1,99 @@
+"""One graph definition for `robot-wm up` and the launch file; configs agree with the URDF."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from robot_wm import description, graph
+from robot_wm.paths import config_path
+from robot_wm.supervisor import command_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_embedded_plan_runs_without_ros_install():
+    specs = graph.plan("mujoco", overrides={"profile": "real_twin"})
+    runnable = [s for s in specs if not s.needs_ros_install]
+    assert [s.name for s in runnable] == ["arm_sim"]
+    cmd = command_for(runnable[0], python="python")
+    assert cmd[:3] == ["python", "-m", "robot_wm.nodes.arm_sim"]
+    assert "__node:=arm_sim" in cmd and "profile:=real_twin" in cmd
+    assert str(config_path("robot.yaml")) in cmd and str(config_path("arm_sim.yaml")) in cmd
+
+
+@pytest.mark.parametrize("hardware", ["mock", "topic_based", "acme_driver/AcmeSystem"])
+def test_ros2_control_plan(hardware):
+    specs = graph.plan(hardware, hardware_params="ip=127.0.0.1")
+    by_name = {s.name: s for s in specs}
+    assert by_name["controller_manager"].executable == "ros2_control_node"
+    assert by_name["controller_manager"].param_files == (config_path("controllers.yaml"),)
+    assert by_name["spawner_forward_velocity_controller"].arguments[0] == "forward_velocity_controller"
+    urdf = by_name["robot_state_publisher"].parameters["robot_description"]
+    assert "<param name=\"ip\">127.0.0.1</param>" in urdf
+    assert "arm_sim" not in by_name
+    with pytest.raises(ValueError, match="ROS 2 install"):
+        command_for(by_name["controller_manager"])
+
+
+def test_gazebo_plan_spawns_into_gazebo():
+    names = [s.name for s in graph.plan("gazebo")]
+    assert "gz_spawn" in names and "controller_manager" not in names
+
+
+def test_bad_hardware_and_bad_graph_are_named(tmp_path):
+    with pytest.raises(graph.GraphError, match="hardware"):
+        graph.plan("two words")
+    bad = tmp_path / "graph.yaml"
+    bad.write_text("hardware: {mujoco: [{name: x, package: robot_wm}], ros2_control: []}\ncommon: []\nstack: []\n")
+    with pytest.raises(graph.GraphError, match="'executable'"):
+        graph.plan("mujoco", graph_path=bad)
+    bad.write_text("hardware: {mujoco: [{name: x, package: p, executable: e, colour: red}], ros2_control: []}\ncommon: []\nstack: []\n")
+    with pytest.raises(graph.GraphError, match="colour"):
+        graph.plan("mujoco", graph_path=bad)
+    bad.write_text("hardware: {mujoco: []}\ncommon: []\nstack: []\n")
+    with pytest.raises(graph.GraphError, match="ros2_control"):
+        graph.plan("mujoco", graph_path=bad)
+
+
+def test_launch_file_builds_its_nodes_from_the_graph_plan():
+    """The launch file cannot run here (launch/launch_ros are not on PyPI); check it defers to graph.plan."""
+    source = (REPO / "launch" / "bringup.launch.py").read_text()
+    tree = ast.parse(source)
+    calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+    assert "graph.plan" in calls and "rosenv.loopback_env" in calls
+    args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
+    assert args == {"hardware", "hardware_params", "profile"}
+
+
+def test_controllers_yaml_matches_the_description():
+    cfg = yaml.safe_load(config_path("controllers.yaml").read_text())
+    cm = cfg["controller_manager"]["ros__parameters"]
+    assert cm["update_rate"] == 500
+    assert cm["forward_velocity_controller"]["type"] == "velocity_controllers/JointGroupVelocityController"
+    assert cm["joint_state_broadcaster"]["type"] == "joint_state_broadcaster/JointStateBroadcaster"
+    joints = cfg["forward_velocity_controller"]["ros__parameters"]["joints"]
+    assert tuple(joints) == description.joint_limits(description.expand()).names
+
+
+def test_robot_yaml_matches_the_description():
+    params = yaml.safe_load(config_path("robot.yaml").read_text())["/**"]["ros__parameters"]
+    assert tuple(params["joint_names"]) == description.joint_limits(description.expand()).names
+    assert params["command_topic"] == "/forward_velocity_controller/commands"
+    assert params["joint_states_topic"] == "/joint_states"
+
+
+def test_package_xml_declares_the_launch_path_dependencies():
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(REPO / "package.xml").getroot()
+    deps = {e.text for e in root if e.tag.endswith("depend")}
+    for needed in ("rclpy", "sensor_msgs", "std_msgs", "std_srvs", "geometry_msgs", "diagnostic_msgs",
+                   "visualization_msgs", "lifecycle_msgs", "controller_manager", "ros2_controllers",
+                   "robot_state_publisher", "xacro"):
+        assert needed in deps, f"package.xml lacks {needed}"
+    assert root.find("export/build_type").text == "ament_cmake"
