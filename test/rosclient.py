@@ -1,0 +1,94 @@
+"""A test-side ROS client: records /joint_states and /robot_wm/wrench, publishes commands, calls services."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from geometry_msgs.msg import WrenchStamped
+from rclpy.context import Context
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+
+
+class ArmClient:
+    """Talk to an arm through the ros2_control topic contract from a test, spinning in a thread."""
+
+    def __init__(self, context: Context, name: str = "test_client") -> None:
+        self.node = Node(name, context=context)
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self.lock = threading.Lock()
+        self.states: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, list[str]]] = []
+        self.wrenches: list[WrenchStamped] = []
+        self.pub = self.node.create_publisher(Float64MultiArray, "/forward_velocity_controller/commands", qos)
+        self.node.create_subscription(JointState, "/joint_states", self._on_state, qos)
+        self.node.create_subscription(WrenchStamped, "/robot_wm/wrench", self._on_wrench, qos)
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            self.executor.spin_once(timeout_sec=0.02)
+
+    def _on_state(self, msg: JointState) -> None:
+        with self.lock:
+            self.states.append((time.monotonic(), np.array(msg.position), np.array(msg.velocity), np.array(msg.effort), list(msg.name)))
+
+    def _on_wrench(self, msg: WrenchStamped) -> None:
+        with self.lock:
+            self.wrenches.append(msg)
+
+    def latest(self):
+        """Return the latest (t, q, v, effort, names) or None."""
+        with self.lock:
+            return self.states[-1] if self.states else None
+
+    def states_since(self, t0: float):
+        """Return the joint states received after monotonic time ``t0``."""
+        with self.lock:
+            return [s for s in self.states if s[0] >= t0]
+
+    def wait_for_state(self, timeout_s: float = 30.0) -> bool:
+        """Wait until joint states flow."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.latest() is not None:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def command_for(self, data, duration_s: float, rate_hz: float = 100.0) -> None:
+        """Publish ``data`` (a sequence of floats) at ``rate_hz`` for ``duration_s``."""
+        end = time.monotonic() + duration_s
+        msg = Float64MultiArray(data=[float(x) for x in data])
+        while time.monotonic() < end:
+            self.pub.publish(msg)
+            time.sleep(1.0 / rate_hz)
+
+    def call(self, srv_type, name: str, request, timeout_s: float = 10.0):
+        """Call a service and return its response (raises TimeoutError)."""
+        client = self.node.create_client(srv_type, name)
+        if not client.wait_for_service(timeout_sec=timeout_s):
+            raise TimeoutError(f"service {name} not available")
+        future = client.call_async(request)
+        deadline = time.monotonic() + timeout_s
+        while not future.done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"service {name} did not answer")
+            time.sleep(0.01)
+        self.node.destroy_client(client)
+        return future.result()
+
+    def close(self) -> None:
+        """Stop spinning and destroy the node."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self.executor.remove_node(self.node)
+        self.node.destroy_node()
+        self.executor.shutdown(timeout_sec=1.0)

@@ -1,0 +1,112 @@
+"""The embedded arm as a separate ROS 2 process, driven through the ros2_control topic contract."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from robot_wm import description, graph
+from robot_wm.core.kinematics import Kinematics
+from robot_wm.supervisor import command_for
+
+from conftest import wait_for
+from rosclient import ArmClient
+
+pytestmark = pytest.mark.ros
+JOINTS = description.joint_limits(description.expand()).names
+
+
+def _arm_cmd(**params) -> list[str]:
+    spec = next(s for s in graph.plan("mujoco", overrides=params or None) if s.name == "arm_sim")
+    return command_for(spec)
+
+
+@pytest.fixture
+def arm(spawn, ros_context):
+    """Start arm_sim in its own process and a client in this one; both stopped at teardown."""
+    proc = spawn(_arm_cmd())
+    client = ArmClient(ros_context)
+    try:
+        assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()
+        yield proc, client
+    finally:
+        client.close()
+
+
+def _rest(client, tol_radps=0.01):
+    latest = client.latest()
+    return latest is not None and np.abs(latest[2]).max() < tol_radps
+
+
+def test_joint_states_follow_the_contract(arm):
+    _, client = arm
+    t, q, v, effort, names = client.latest()
+    assert tuple(names) == JOINTS
+    assert q.shape == v.shape == effort.shape == (6,)
+    np.testing.assert_allclose(q, description.initial_positions(JOINTS), atol=0.02)
+    assert wait_for(lambda: len(client.wrenches) > 0, 5.0)
+    assert client.wrenches[-1].header.frame_id == "ft_sensor_link"
+
+
+def test_commanded_velocity_moves_the_joint_and_timeout_stops_it(arm):
+    proc, client = arm
+    q0 = client.latest()[1]
+    command = np.array([0.3, 0.0, 0.0, 0.0, 0.0, -0.4])
+    t0 = time.monotonic()
+    client.command_for(command, 1.0)
+    t_last = time.monotonic()
+    moving = client.states_since(t0 + 0.3)
+    v_mean = np.mean([s[2] for s in moving], axis=0)
+    np.testing.assert_allclose(v_mean, command, atol=0.03)  # steady-state tracking within 0.03 rad/s
+    # the driver stops by itself: no command for 50 ms -> decelerate to rest
+    assert wait_for(lambda: _rest(client), 1.0), f"arm still moving 1 s after the last command: {client.latest()[2]}"
+    stopped_at = client.latest()[0]
+    assert stopped_at - t_last < 0.5
+    dq = client.latest()[1] - q0
+    assert dq[0] == pytest.approx(0.3, abs=0.06) and dq[5] == pytest.approx(-0.4, abs=0.08)
+    assert np.abs(dq[1:5]).max() < 0.01
+    assert "Traceback" not in proc.output()
+
+
+@pytest.mark.parametrize("bad", [[0.3] * 5, [0.3, float("nan"), 0, 0, 0, 0], [0.3, 0, float("inf"), 0, 0, 0]])
+def test_bad_command_is_rejected_and_arm_holds(arm, bad):
+    proc, client = arm
+    client.command_for([0.3, 0, 0, 0, 0, 0], 0.4)
+    assert np.abs(client.latest()[2][0]) > 0.2
+    t_bad = time.monotonic()
+    client.command_for(bad, 0.6)  # keeps arriving: the arm must not keep moving on it
+    assert _rest(client), f"arm moves under a rejected command: {client.latest()[2]}"
+    late = client.states_since(t_bad + 0.4)
+    assert all(np.abs(s[2]).max() < 0.01 for s in late)
+    assert wait_for(lambda: "command rejected" in proc.output(), 2.0), proc.output()
+
+
+def test_push_fault_moves_the_tool_and_bad_fault_is_refused(arm):
+    from robot_wm.srv import InjectFault
+
+    _, client = arm
+    kin = Kinematics(description.expand(), JOINTS)
+    p0 = kin.tool_position_m(client.latest()[1])
+    req = InjectFault.Request(kind="push", force_n=[0.0, 0.0, -150.0], duration_s=0.4)
+    resp = client.call(InjectFault, "/arm_sim/inject_fault", req)
+    assert resp.success, resp.message
+    client.command_for([0.0] * 6, 0.8)  # the controller holds zero velocity, the push still displaces
+    moved = np.linalg.norm(kin.tool_position_m(client.latest()[1]) - p0)
+    assert moved > 0.002, f"a 150 N push moved the tool only {moved * 1e3:.2f} mm"
+
+    resp = client.call(InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="earthquake"))
+    assert not resp.success and "earthquake" in resp.message
+
+
+def test_sensor_freeze_fault_freezes_joint_states(arm):
+    from robot_wm.srv import InjectFault
+
+    _, client = arm
+    resp = client.call(InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="sensor_freeze", duration_s=1.0))
+    assert resp.success, resp.message
+    t0 = time.monotonic()
+    client.command_for([0.5, 0, 0, 0, 0, 0], 0.6)
+    frozen = client.states_since(t0 + 0.05)
+    assert len(frozen) > 10
+    assert np.ptp([s[1][0] for s in frozen]) < 1e-9, "measured position changed during a sensor freeze"

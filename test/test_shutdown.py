@@ -1,0 +1,102 @@
+"""Every node and `robot-wm up` stop within 2 s on SIGINT and SIGTERM: exit 0, no traceback,
+no leftover processes, no leftover Fast DDS shared-memory segments."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from robot_wm import graph
+from robot_wm.supervisor import command_for
+
+from conftest import PYTHON, wait_for
+
+pytestmark = pytest.mark.ros
+SHM = Path("/dev/shm")
+
+
+def _fastdds_segments() -> set[str]:
+    return {p.name for p in SHM.iterdir() if "fastdds" in p.name} if SHM.is_dir() else set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _children_of(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        children = task / "children"
+        if children.exists():
+            kids += [int(x) for x in children.read_text().split()]
+    return kids
+
+
+ARM = next(s for s in graph.plan("mujoco") if s.name == "arm_sim")
+PROGRAMS = {
+    "arm_sim node": (command_for(ARM), "embedded arm up"),
+    "robot-wm sim": ([PYTHON, "-m", "robot_wm.cli", "sim"], "embedded arm up"),
+    "robot-wm up": ([PYTHON, "-m", "robot_wm.cli", "up"], "embedded arm up"),
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_clean_exit_on_signal(spawn, program, sig):
+    cmd, ready_line = PROGRAMS[program]
+    before = _fastdds_segments()
+    proc = spawn(cmd)
+    assert wait_for(lambda: ready_line in proc.output() or proc.process.poll() is not None, 60.0, 0.05)
+    assert proc.process.poll() is None, f"{program} exited early:\n{proc.output()}"
+    time.sleep(0.5)  # let it run: timers firing, participants discovered
+    descendants = _children_of(proc.pid)
+    t0 = time.monotonic()
+    proc.process.send_signal(sig)
+    try:
+        code = proc.process.wait(timeout=2.0)
+    except Exception:  # noqa: BLE001 - report what is still running, then let the fixture kill it
+        pytest.fail(f"{program} still running 2 s after {sig.name}:\n{proc.output()}")
+    took = time.monotonic() - t0
+    out = proc.output()
+    assert code == 0, f"{program} exited {code} after {sig.name}:\n{out}"
+    assert "Traceback" not in out and "RCLError" not in out, out
+    assert took < 2.0
+    assert wait_for(lambda: not any(_alive(p) for p in descendants), 1.0), f"left running: {descendants}"
+    leftover = _fastdds_segments() - before
+    assert not leftover, f"shared-memory segments left behind: {sorted(leftover)}"
+
+
+def test_up_stops_the_graph_when_a_node_dies(spawn):
+    proc = spawn([PYTHON, "-m", "robot_wm.cli", "up"])
+    assert wait_for(lambda: "embedded arm up" in proc.output(), 60.0, 0.05), proc.output()
+    children = _children_of(proc.pid)
+    assert children
+    os.kill(children[0], signal.SIGKILL)
+    assert wait_for(lambda: proc.process.poll() is not None, 5.0), proc.output()
+    assert proc.process.returncode == 1
+    assert "exited" in proc.output()
+
+
+def test_up_refuses_ros2_control_hardware_without_ros_install(spawn):
+    proc = spawn([PYTHON, "-m", "robot_wm.cli", "up", "--hardware", "mock"])
+    assert wait_for(lambda: proc.process.poll() is not None, 30.0)
+    assert proc.process.returncode == 2
+    assert "ros2 launch robot_wm bringup.launch.py hardware:=mock" in proc.output()
+
+
+def test_bad_profile_is_a_clear_configuration_error(spawn, tmp_path):
+    proc = spawn([PYTHON, "-m", "robot_wm.cli", "sim", "--profile", str(tmp_path / "missing.yaml")])
+    assert wait_for(lambda: proc.process.poll() is not None, 30.0)
+    out = proc.output()
+    assert proc.process.returncode == 2, out
+    assert "configuration error" in out and "missing.yaml" in out
+    assert "Traceback" not in out
