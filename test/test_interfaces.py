@@ -2,9 +2,7 @@
 cross-process publish/subscribe over loopback DDS.
 
 The types come from the install space (the venv's site-packages after tools/build_interfaces.sh,
-or a colcon install tree). In a pip venv the `interfaces` fixture runs tools/build_interfaces.sh
-first (a ~0.1 s no-op when nothing changed) so the types tested match msg/ and srv/ in this tree;
-set ROBOT_WM_SKIP_INTERFACE_BUILD=1 to test whatever is installed.
+or a colcon install tree). The DDS environment (loopback, own domain) comes from conftest.py.
 """
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import importlib.util
 import math
 import os
 import random
-import subprocess
 import sys
 import textwrap
 import time
@@ -31,44 +28,8 @@ FASTDDS_PROFILE = REPO / "config" / "fastdds_loopback.xml"
 
 
 @pytest.fixture(scope="module")
-def ros_env():
-    """Loopback-only DDS on a private domain, set before any rclpy.init in this process.
-
-    Yields the environment (a dict) to hand to subprocesses. Restores os.environ afterwards.
-    """
-    assert FASTDDS_PROFILE.is_file(), f"missing {FASTDDS_PROFILE}"
-    settings = {
-        "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
-        "FASTDDS_DEFAULT_PROFILES_FILE": str(FASTDDS_PROFILE),
-        "ROS_DOMAIN_ID": str(random.randint(100, 200)),
-    }
-    saved = {key: os.environ.get(key) for key in (*settings, "ROS_STATIC_PEERS")}
-    os.environ.update(settings)
-    os.environ.pop("ROS_STATIC_PEERS", None)
-    try:
-        yield dict(os.environ)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _in_pip_venv() -> bool:
-    """True in a venv that runs the ROS 2 PyPI wheels (the pip path of tools/build_interfaces.sh)."""
-    return sys.prefix != sys.base_prefix and importlib.util.find_spec("ros_wheels_bootstrapper") is not None
-
-
-@pytest.fixture(scope="module")
 def interfaces():
-    """The generated robot_wm message/service classes (built into the venv first if needed)."""
-    if _in_pip_venv() and not os.environ.get("ROBOT_WM_SKIP_INTERFACE_BUILD"):
-        proc = subprocess.run(
-            ["bash", str(REPO / "tools" / "build_interfaces.sh"), sys.prefix],
-            cwd=REPO, capture_output=True, text=True, timeout=600,
-        )
-        assert proc.returncode == 0, f"build_interfaces.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    """The generated robot_wm message/service classes (`make test` builds them first)."""
     try:
         msg = importlib.import_module("robot_wm.msg")
         srv = importlib.import_module("robot_wm.srv")
@@ -317,17 +278,7 @@ PUBLISHER_SCRIPT = textwrap.dedent(
 )
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def test_cross_process_pub_sub(ros_env, interfaces):
+def test_cross_process_pub_sub(spawn, interfaces):
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
@@ -340,7 +291,6 @@ def test_cross_process_pub_sub(ros_env, interfaces):
 
     context = Context()
     rclpy.init(context=context)
-    proc = None
     node = None
     executor = None
     try:
@@ -354,20 +304,15 @@ def test_cross_process_pub_sub(ros_env, interfaces):
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
 
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER_SCRIPT, safety_topic, prediction_topic],
-            env=ros_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        proc = spawn([sys.executable, "-c", PUBLISHER_SCRIPT, safety_topic, prediction_topic])
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and None in received.values():
-            if proc.poll() is not None:
+            if proc.process.poll() is not None:
                 break
             executor.spin_once(timeout_sec=0.1)
 
         if None in received.values():
-            _stop(proc)
-            out = proc.stdout.read() if proc.stdout else ""
-            pytest.fail(f"not received within 10 s: {received}; publisher rc={proc.returncode}:\n{out}")
+            pytest.fail(f"not received within 10 s: {received}; publisher rc={proc.stop()}:\n{proc.output()}")
 
         s, p = received["safety"], received["prediction"]
         assert s.state == interfaces.SafetyStatus.STOPPING and s.state_text == "STOPPING"
@@ -377,10 +322,6 @@ def test_cross_process_pub_sub(ros_env, interfaces):
         assert p.joint_names == ["a", "b"] and p.horizon_steps == 2 and p.model_version == "wm-x"
         assert list(p.position_rad) == [0.1, 0.2, 0.3, 0.4] and p.dt_s == 0.01
     finally:
-        if proc is not None:
-            _stop(proc)
-            if proc.stdout:
-                proc.stdout.close()
         if executor is not None:
             executor.shutdown()
         if node is not None:
