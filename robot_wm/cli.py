@@ -29,8 +29,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from robot_wm.paths import config_path
 
     ros_args = ["--ros-args", "--params-file", str(config_path("robot.yaml")), "--params-file", str(config_path("arm_sim.yaml")),
-                "-p", f"profile:={args.profile}", "-p", f"publish_rate_hz:={float(args.rate)}",
-                "-p", f"command_timeout_s:={float(args.command_timeout)}", "-p", f"publish_clock:={str(args.clock).lower()}"]
+                "-p", f"arm_sim:profile:={args.profile}", "-p", f"arm_sim:publish_rate_hz:={float(args.rate)}",
+                "-p", f"arm_sim:command_timeout_s:={float(args.command_timeout)}",
+                "-p", f"arm_sim:publish_clock:={str(args.clock).lower()}"]
     return run_nodes([lambda ctx: ArmSimNode(context=ctx)], ["robot-wm-sim", *ros_args])
 
 

@@ -42,7 +42,8 @@ def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
     for path in spec.param_files:
         cmd += ["--params-file", str(path)]
     for key, value in spec.parameters.items():
-        cmd += ["-p", _param_arg(key, value)]
+        # node-qualified: a bare -p is a /** override and loses to the node's own entry in a params file
+        cmd += ["-p", f"{spec.name}:{_param_arg(key, value)}"]
     return cmd
 
 

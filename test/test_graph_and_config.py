@@ -20,7 +20,7 @@ def test_embedded_plan_runs_without_ros_install():
     assert [s.name for s in runnable] == ["arm_sim"]
     cmd = command_for(runnable[0], python="python")
     assert cmd[:3] == ["python", "-m", "robot_wm.nodes.arm_sim"]
-    assert "__node:=arm_sim" in cmd and "profile:=real_twin" in cmd
+    assert "__node:=arm_sim" in cmd and "arm_sim:profile:=real_twin" in cmd
     assert str(config_path("robot.yaml")) in cmd and str(config_path("arm_sim.yaml")) in cmd
 
 
