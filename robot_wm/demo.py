@@ -6,6 +6,7 @@ line from /joint_states and ends with a summary measured on what the arm actuall
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import signal
@@ -86,11 +87,12 @@ def _status_line(node, kin, now_s: float) -> str:
     seg = node.script[seg_i].name if seg_i < len(node.script) else "done"
     if snap is None:
         return f"t={now_s - node.t0_s:5.1f}s  {seg:<24} waiting for /joint_states"
-    recent = [x for x in node.recording.t_s[-200:] if x > now_s - 1.0]
+    times = node.recording.t_s
+    rate_hz = len(times) - bisect.bisect_left(times, now_s - 1.0)  # messages in the last second
     q, v = snap[1], snap[2]
     tool = kin.tool_position_m(q)
     return (
-        f"t={now_s - node.t0_s:5.1f}s  {seg:<24} js={len(recent):4d}Hz  "
+        f"t={now_s - node.t0_s:5.1f}s  {seg:<24} js={rate_hz:4d}Hz  "
         f"|v|max={np.abs(v).max():.3f}rad/s  tool=({tool[0]:+.3f},{tool[1]:+.3f},{tool[2]:+.3f})m"
     )
 
