@@ -1,0 +1,87 @@
+"""Export torch networks to ONNX with the JSON sidecar robot_wm.core.onnx_model validates."""
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from robot_wm.core.onnx_model import SIDECAR_FORMAT, sha256_file, sidecar_path
+
+OPSET = 18
+
+
+def export_onnx(
+    module: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    path: Path,
+    input_names: list[str],
+    output_names: list[str],
+) -> Path:
+    """Export ``module`` to one self-contained .onnx file with a dynamic batch dimension."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    module = module.eval()
+    dynamic = {name: {0: "batch"} for name in input_names + output_names}
+    with torch.no_grad():
+        torch.onnx.export(
+            module, example_inputs, str(path), input_names=input_names, output_names=output_names,
+            dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, external_data=False,
+        )
+    return path
+
+
+def write_sidecar(
+    onnx_path: Path,
+    *,
+    model_kind: str,
+    version: str,
+    joint_names: tuple[str, ...] | list[str],
+    dt_s: float,
+    training_data_sha256: str,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``<model>.json`` next to ``onnx_path`` describing the graph and its provenance.
+
+    Inputs/outputs (names, shapes) are read from the exported graph itself, so the sidecar cannot
+    disagree with the file it describes.
+    """
+    import onnx
+    import onnxruntime
+
+    onnx_path = Path(onnx_path)
+    graph = onnx.load(str(onnx_path)).graph
+
+    def signature(values) -> list[dict[str, Any]]:
+        out = []
+        for v in values:
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "batch") for d in v.type.tensor_type.shape.dim]
+            out.append({"name": v.name, "shape": dims, "dtype": "float32"})
+        return out
+
+    from robot_wm import __version__
+
+    meta = {
+        "format": SIDECAR_FORMAT,
+        "model_kind": model_kind,
+        "version": version,
+        "onnx_file": onnx_path.name,
+        "sha256": sha256_file(onnx_path),
+        "inputs": signature(graph.input),
+        "outputs": signature(graph.output),
+        "joint_names": list(joint_names),
+        "dt_s": float(dt_s),
+        "opset": OPSET,
+        "versions": {"robot_wm": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+                     "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
+        "training_data_sha256": training_data_sha256,
+        "training_command": " ".join(shlex.quote(a) for a in sys.argv),
+    }
+    meta.update(extra or {})
+    path = sidecar_path(onnx_path)
+    path.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
+    return path
