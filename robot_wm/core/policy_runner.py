@@ -1,0 +1,231 @@
+"""Policy runners: the learned ONNX policy and the scripted baseline behind one ``act(obs)`` call.
+
+Both take observations in the task's layout (``robot_wm.core.task.OBS_LAYOUT``, raw units:
+``[q rad (6), qdot rad/s (6), tool position m (3), goal m (3)]``) and return joint velocity
+commands in rad/s, one row per observation row, so the evaluator and the policy node treat them
+alike.
+
+Output contract of :meth:`PolicyRunner.act` (the safety filter downstream is still the last gate):
+
+* a **non-finite** output (NaN/Inf anywhere in the batch) raises :class:`PolicyOutputError` —
+  the runner never returns NaN, and it does not invent a command either: a network that emits NaN
+  is broken, and the caller (node, evaluator) must treat it as a fault (no nominal command, so the
+  filter performs its controlled stop);
+* a finite output **beyond the action limits** is clipped element-wise to ``±action_limit_radps``
+  (the exported graph already scales into the limits; clipping removes float overshoot and keeps
+  a mis-scaled graph inside the task's envelope). ``clipped_count`` counts clipped elements.
+
+Only numpy and onnxruntime (through ``robot_wm.core.onnx_model``) are used: no torch, no rclpy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from robot_wm.core.onnx_model import ModelError, load_model
+from robot_wm.core.task import OBS_DIM, OBS_LAYOUT
+
+N_JOINTS = 6
+OBS_INPUT = "obs"
+ACTION_OUTPUT = "action_radps"
+
+
+class PolicyOutputError(RuntimeError):
+    """The policy produced a non-finite action; the message names the rows and the model."""
+
+
+class Policy(Protocol):
+    """Anything the evaluator can drive: ``act`` maps observations (n, 18) to actions (n, 6), rad/s."""
+
+    name: str
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Return joint velocity commands for one observation (18,) or a batch (n, 18)."""
+        ...
+
+
+def obs_layout_json() -> dict[str, list[int]]:
+    """Return OBS_LAYOUT as the sidecar stores it: ``{block: [start, stop]}``."""
+    return {name: [s.start, s.stop] for name, s in OBS_LAYOUT.items()}
+
+
+def make_obs(q_rad: np.ndarray, qdot_radps: np.ndarray, tool_m: np.ndarray, goal_m: np.ndarray) -> np.ndarray:
+    """Build observations in OBS_LAYOUT order from their parts (one (…,k) array per block).
+
+    Args:
+        q_rad: joint positions, (6,) or (n, 6).
+        qdot_radps: joint velocities, (6,) or (n, 6).
+        tool_m: tool position in the base frame, (3,) or (n, 3).
+        goal_m: goal position in the base frame, (3,) or (n, 3); a single goal broadcasts over a batch.
+    Returns:
+        float64 array (18,) or (n, 18).
+    Raises:
+        ValueError: a part has the wrong last dimension or the batch sizes disagree.
+    """
+    parts = {"q_rad": q_rad, "qdot_radps": qdot_radps, "tool_m": tool_m, "goal_m": goal_m}
+    arrays = {}
+    for name, value in parts.items():
+        a = np.asarray(value, dtype=float)
+        width = OBS_LAYOUT[name].stop - OBS_LAYOUT[name].start
+        if a.ndim not in (1, 2) or a.shape[-1] != width:
+            raise ValueError(f"make_obs: {name} has shape {a.shape}: expected ({width},) or (n, {width})")
+        arrays[name] = a
+    batch = {a.shape[0] for a in arrays.values() if a.ndim == 2}
+    if len(batch) > 1:
+        raise ValueError(f"make_obs: batch sizes differ: { {k: a.shape for k, a in arrays.items()} }")
+    if not batch:
+        return np.concatenate([arrays[k] for k in OBS_LAYOUT])
+    n = batch.pop()
+    return np.concatenate([np.broadcast_to(arrays[k], (n, arrays[k].shape[-1])) for k in OBS_LAYOUT], axis=1)
+
+
+def check_obs(obs: np.ndarray, who: str = "policy") -> tuple[np.ndarray, bool]:
+    """Validate observations; return them as a float (n, 18) array and whether the input was a single row.
+
+    Raises:
+        ValueError: wrong shape, or NaN/Inf (naming the rows and OBS_LAYOUT blocks affected).
+    """
+    try:
+        a = np.asarray(obs, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{who}: obs is not a numeric array ({exc}); "
+                         f"expected shape ({OBS_DIM},) or (n, {OBS_DIM})") from exc
+    single = a.ndim == 1
+    if single:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[1] != OBS_DIM or a.shape[0] == 0:
+        raise ValueError(f"{who}: obs has shape {np.shape(obs)}: expected ({OBS_DIM},) or (n, {OBS_DIM}) with n >= 1 "
+                         f"(layout {list(OBS_LAYOUT)})")
+    finite = np.isfinite(a)
+    if not finite.all():
+        rows = np.flatnonzero(~finite.all(axis=1))
+        blocks = [name for name, s in OBS_LAYOUT.items() if not finite[:, s].all()]
+        raise ValueError(f"{who}: obs contains NaN/Inf in rows {rows[:10].tolist()}{'...' if rows.size > 10 else ''} "
+                         f"(blocks {blocks}); expected finite values")
+    return a, single
+
+
+class PolicyRunner:
+    """Run an exported policy (``policy.onnx`` + ``policy.json``) on raw observations.
+
+    Args:
+        onnx_path: the policy graph; its sidecar is the .json next to it.
+        joint_names: the robot's joint order (must match the sidecar's).
+        dt_s: the control period the runner is called at (must match the sidecar's).
+        action_limit_radps: per-joint limits the output is clipped to (6 values, rad/s); default the
+            sidecar's ``extra.action_limit_radps``. Given both, the tighter limit of each joint applies.
+    Raises:
+        ModelError: missing/corrupt model or sidecar, wrong kind, joint order, period, graph signature,
+            observation layout, or no action limits known.
+    """
+
+    def __init__(
+        self,
+        onnx_path: Path | str,
+        joint_names: tuple[str, ...] | list[str],
+        dt_s: float,
+        action_limit_radps: np.ndarray | list[float] | tuple[float, ...] | None = None,
+    ) -> None:
+        self.model = load_model(Path(onnx_path), kind="policy", joint_names=joint_names, dt_s=dt_s)
+        meta = self.model.meta
+        name = self.model.path.name
+        self._check_io(meta, name)
+        layout = meta.get("obs_layout")
+        if layout is not None and layout != obs_layout_json():
+            raise ModelError(f"{name}: sidecar obs_layout {layout} differs from the task's {obs_layout_json()}")
+        limits = [_limits(action_limit_radps, "action_limit_radps")] if action_limit_radps is not None else []
+        if meta.get("action_limit_radps") is not None:
+            try:
+                limits.append(_limits(meta["action_limit_radps"], f"{name} sidecar action_limit_radps"))
+            except ValueError as exc:
+                raise ModelError(str(exc)) from exc
+        if not limits:
+            raise ModelError(f"{name}: the sidecar has no action_limit_radps and none was given")
+        self.action_limit_radps = np.minimum.reduce(limits)
+        self.clipped_count = 0
+        self.name = f"{name} v{self.model.version}"
+
+    @staticmethod
+    def _check_io(meta: dict, name: str) -> None:
+        ins = {d["name"]: d["shape"] for d in meta["inputs"]}
+        outs = {d["name"]: d["shape"] for d in meta["outputs"]}
+        if list(ins) != [OBS_INPUT] or list(ins[OBS_INPUT])[1:] != [OBS_DIM]:
+            raise ModelError(f"{name}: inputs {ins}, expected {{'{OBS_INPUT}': ['batch', {OBS_DIM}]}}")
+        if list(outs) != [ACTION_OUTPUT] or list(outs[ACTION_OUTPUT])[1:] != [N_JOINTS]:
+            raise ModelError(f"{name}: outputs {outs}, expected {{'{ACTION_OUTPUT}': ['batch', {N_JOINTS}]}}")
+
+    @property
+    def version(self) -> str:
+        """The model's version (from its sidecar)."""
+        return self.model.version
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Return joint velocity commands (rad/s) for obs (18,) → (6,) or (n, 18) → (n, 6).
+
+        Raises:
+            ValueError: obs has the wrong shape or is not finite.
+            PolicyOutputError: the graph produced NaN/Inf (see the module docstring).
+        """
+        x, single = check_obs(obs, who=self.model.path.name)
+        out = self.model.run(**{OBS_INPUT: x})[ACTION_OUTPUT]
+        if out.shape != (x.shape[0], N_JOINTS):
+            raise PolicyOutputError(f"{self.model.path.name}: output has shape {out.shape}, "
+                                    f"expected ({x.shape[0]}, {N_JOINTS})")
+        out = out.astype(float)
+        finite = np.isfinite(out).all(axis=1)
+        if not finite.all():
+            rows = np.flatnonzero(~finite)
+            raise PolicyOutputError(f"{self.model.path.name}: the policy output NaN/Inf for observation rows "
+                                    f"{rows[:10].tolist()}{'...' if rows.size > 10 else ''}; no action returned")
+        clipped = np.clip(out, -self.action_limit_radps, self.action_limit_radps)
+        self.clipped_count += int(np.count_nonzero(clipped != out))
+        return clipped[0] if single else clipped
+
+
+class ScriptedPolicy:
+    """The damped-least-squares reacher (:class:`robot_wm.core.reacher.DlsReacher`) behind ``act(obs)``.
+
+    It reads q and the goal from the observation (the tool position it computes itself from q).
+
+    Args:
+        reacher: the reacher; its joint order is the observation's.
+        action_limit_radps: per-joint clip of the output (rad/s); default the reacher's own limits.
+    """
+
+    def __init__(self, reacher, action_limit_radps: np.ndarray | None = None) -> None:
+        self.reacher = reacher
+        self.action_limit_radps = (np.asarray(reacher.v_limit, dtype=float) if action_limit_radps is None
+                                   else _limits(action_limit_radps, "action_limit_radps"))
+        self.name = "scripted DLS reacher"
+
+    @classmethod
+    def from_description(cls, task, urdf_xml: str | None = None) -> "ScriptedPolicy":
+        """Build the baseline for ``task`` from the robot description (home posture, joint order, task limits)."""
+        from robot_wm import description
+        from robot_wm.core.kinematics import Kinematics
+        from robot_wm.core.reacher import DlsReacher
+
+        urdf = urdf_xml if urdf_xml is not None else description.expand()
+        names = description.joint_limits(urdf).names
+        kin = Kinematics(urdf, names)
+        limits = np.asarray(task.action_limit_radps, dtype=float)
+        return cls(DlsReacher(kin, description.initial_positions(names), limits), limits)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Return joint velocity commands (rad/s) for obs (18,) → (6,) or (n, 18) → (n, 6)."""
+        x, single = check_obs(obs, who=self.name)
+        q, goal = x[:, OBS_LAYOUT["q_rad"]], x[:, OBS_LAYOUT["goal_m"]]
+        out = np.clip(self.reacher.batch(q, goal), -self.action_limit_radps, self.action_limit_radps)
+        return out[0] if single else out
+
+
+def _limits(value, what: str) -> np.ndarray:
+    try:
+        a = np.asarray(value, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}={value!r}: expected {N_JOINTS} positive numbers (rad/s)") from exc
+    if a.shape != (N_JOINTS,) or not np.all(np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"{what}={value!r}: expected {N_JOINTS} positive finite numbers (rad/s)")
+    return a
