@@ -47,21 +47,20 @@ def write_sidecar(
 ) -> Path:
     """Write ``<model>.json`` next to ``onnx_path`` describing the graph and its provenance.
 
-    Inputs/outputs (names, shapes) are read from the exported graph itself, so the sidecar cannot
-    disagree with the file it describes.
+    Inputs/outputs (names, shapes) are read from the exported graph through onnxruntime, so the
+    sidecar cannot disagree with the file it describes.
     """
     import onnx
     import onnxruntime
 
+    from robot_wm.core.onnx_model import make_session
+
     onnx_path = Path(onnx_path)
-    graph = onnx.load(str(onnx_path)).graph
+    session = make_session(onnx_path)  # the signature as the runtime (and load_model) will see it
 
     def signature(values) -> list[dict[str, Any]]:
-        out = []
-        for v in values:
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "batch") for d in v.type.tensor_type.shape.dim]
-            out.append({"name": v.name, "shape": dims, "dtype": "float32"})
-        return out
+        return [{"name": v.name, "shape": [d if isinstance(d, int) else "batch" for d in v.shape], "dtype": "float32"}
+                for v in values]
 
     from robot_wm import __version__
 
@@ -71,8 +70,8 @@ def write_sidecar(
         "version": version,
         "onnx_file": onnx_path.name,
         "sha256": sha256_file(onnx_path),
-        "inputs": signature(graph.input),
-        "outputs": signature(graph.output),
+        "inputs": signature(session.get_inputs()),
+        "outputs": signature(session.get_outputs()),
         "joint_names": list(joint_names),
         "dt_s": float(dt_s),
         "opset": OPSET,

@@ -1,0 +1,304 @@
+"""The reaching policy, trained by actor-critic inside the world model's imagination (Dreamer-style).
+
+Read top to bottom: config, networks, imagination rollout, λ-returns, the training loop, export.
+
+* Imagined rollouts start from real states (recorded transitions, and task-like start poses) and
+  run ``horizon`` control periods through the learned world model; the simulator is never used
+  to train the policy.
+* The reward is computed from predicted states with the task spec: minus the tool-to-goal
+  distance (differentiable FK of the predicted joint positions), a smooth bonus near the goal, a
+  small action cost, and a penalty on ensemble disagreement so the actor cannot exploit regions
+  where the model does not know.
+* The actor is trained by backpropagating λ-returns through the model (dynamics backprop, as
+  DreamerV1 for continuous control) with an entropy bonus; the critic regresses the λ-returns of
+  a slowly updated target critic.
+* The exported graph carries observation normalization and action scaling: input ``obs`` in raw
+  units, output ``action_radps`` already within the task's limits.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from robot_wm.core.task import OBS_DIM, TaskSpec
+
+
+class ImaginationDynamics(Protocol):
+    """What the trainer needs from a world model: a differentiable step over a batch.
+
+    ``history`` is the number of commands (oldest first, current last) the model conditions on.
+    ``step`` returns the next joint positions and velocities and a per-sample epistemic spread.
+    """
+
+    history: int
+
+    def step(self, q_rad: torch.Tensor, qdot_radps: torch.Tensor, actions_radps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Imagination actor-critic settings (config/training.yaml, section ``policy``)."""
+
+    hidden: int = 128
+    iterations: int = 2000
+    batch: int = 256
+    horizon: int = 20
+    discount: float = 0.98
+    lambda_: float = 0.95
+    actor_lr: float = 3e-4
+    critic_lr: float = 1e-3
+    entropy_coef: float = 1e-3
+    disagreement_coef: float = 2.0  # reward penalty per unit of normalized epistemic std
+    action_cost: float = 0.002  # reward penalty on |a|^2 (rad/s)^2
+    bonus_radius_m: float = 0.03  # smooth bonus exp(-(d/r)^2) near the goal
+    near_goal_fraction: float = 0.5  # share of rollouts whose goal is near the start tool position
+    task_start_fraction: float = 0.3  # share of rollouts that start at task start poses (else recorded states)
+    target_update: float = 0.02  # Polyak rate of the target critic
+    grad_clip: float = 100.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "iterations", "batch", "horizon"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"policy.{name}={getattr(self, name)}: expected a positive integer")
+        for name in ("discount", "lambda_", "near_goal_fraction", "task_start_fraction", "target_update"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"policy.{name}={getattr(self, name)}: expected a value in [0, 1]")
+        for name in ("actor_lr", "critic_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"policy.{name}={getattr(self, name)}: expected a positive learning rate")
+        for name in ("entropy_coef", "disagreement_coef", "action_cost", "bonus_radius_m", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"policy.{name}={getattr(self, name)}: expected >= 0")
+
+
+class ObsNormalizer(nn.Module):
+    """Fixed affine normalization of the raw 18-d observation, plus the goal-minus-tool feature."""
+
+    def __init__(self, mean: np.ndarray, std: np.ndarray) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        err = obs[..., 15:18] - obs[..., 12:15]  # goal - tool, m
+        return torch.cat([(obs - self.mean) / self.std, err / 0.1], dim=-1)
+
+
+def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+
+
+class Actor(nn.Module):
+    """Tanh-squashed Gaussian policy over joint velocities; ``forward`` is the deterministic action."""
+
+    def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int) -> None:
+        super().__init__()
+        self.norm = normalizer
+        self.net = _mlp(OBS_DIM + 3, hidden, 12)
+        self.register_buffer("limit", torch.as_tensor(action_limit_radps, dtype=torch.float32))
+
+    def dist(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (mean, std) of the pre-tanh Gaussian."""
+        mean, log_std = self.net(self.norm(obs)).chunk(2, dim=-1)
+        return mean, torch.exp(torch.clamp(log_std, -5.0, 1.0))
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return a reparameterized action (rad/s) and its entropy estimate (nats)."""
+        mean, std = self.dist(obs)
+        eps = torch.randn_like(mean)
+        pre = mean + std * eps
+        squashed = torch.tanh(pre)
+        # entropy of the Gaussian minus the tanh log-Jacobian (a one-sample estimate)
+        entropy = (0.5 * np.log(2 * np.pi * np.e) + torch.log(std) + torch.log(1 - squashed**2 + 1e-6)).sum(-1)
+        return squashed * self.limit, entropy
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deployed action: tanh(mean) scaled to the limits (rad/s)."""
+        mean, _ = self.dist(obs)
+        return torch.tanh(mean) * self.limit
+
+
+class Critic(nn.Module):
+    """State value V(obs)."""
+
+    def __init__(self, normalizer: ObsNormalizer, hidden: int) -> None:
+        super().__init__()
+        self.norm = normalizer
+        self.net = _mlp(OBS_DIM + 3, hidden, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(self.norm(obs)).squeeze(-1)
+
+
+def lambda_returns(rewards: torch.Tensor, values: torch.Tensor, discount: float, lambda_: float) -> torch.Tensor:
+    """λ-returns R_t = r_t + γ((1-λ) V_{t+1} + λ R_{t+1}), bootstrapped with V_H (rewards: H x B, values: H+1 x B)."""
+    horizon = rewards.shape[0]
+    out = []
+    last = values[-1]
+    for t in reversed(range(horizon)):
+        last = rewards[t] + discount * ((1 - lambda_) * values[t + 1] + lambda_ * last)
+        out.append(last)
+    return torch.stack(out[::-1])
+
+
+@dataclass
+class PolicyReport:
+    """What policy training did."""
+
+    iterations: int
+    seconds: float
+    final_imagined_return: float
+    final_imagined_distance_m: float
+    final_disagreement: float
+    history: list[dict]
+
+
+def obs_normalization(dataset, task: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std of the observation from recorded data (goals: uniform over the goal box)."""
+    q = dataset.q_rad.reshape(-1, 6)
+    qd = dataset.qdot_radps.reshape(-1, 6)
+    tool = dataset.tool_m.reshape(-1, 3)
+    lo, hi = np.asarray(task.goal_box_min_m), np.asarray(task.goal_box_max_m)
+    mean = np.concatenate([q.mean(0), np.zeros(6), tool.mean(0), (lo + hi) / 2])
+    std = np.concatenate([q.std(0), np.maximum(qd.std(0), 0.05), tool.std(0), (hi - lo) / np.sqrt(12)])
+    return mean.astype(np.float32), np.maximum(std, 1e-3).astype(np.float32)
+
+
+def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module, dataset, task: TaskSpec,
+                 q_home_rad: np.ndarray, progress: bool = True) -> tuple[Actor, PolicyReport]:
+    """Train the actor and critic in imagination.
+
+    Args:
+        cfg: settings.
+        dynamics: the world model's differentiable step (see ImaginationDynamics).
+        fk: differentiable q -> tool position (TorchToolFK of the same URDF).
+        dataset: recorded transitions supplying real start states (robot_wm.learning.data.Dataset).
+        task: the task spec (reward, goal box, action limits, start noise).
+        q_home_rad: the task's nominal start configuration.
+        progress: show a progress bar.
+    Returns:
+        The trained actor and a report.
+    """
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    mean, std = obs_normalization(dataset, task)
+    actor = Actor(ObsNormalizer(mean, std), np.asarray(task.action_limit_radps), cfg.hidden)
+    critic = Critic(ObsNormalizer(mean, std), cfg.hidden)
+    target = copy.deepcopy(critic).requires_grad_(False)
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    dynamics_params = [p for p in getattr(dynamics, "parameters", lambda: [])()]
+    for p in dynamics_params:
+        p.requires_grad_(False)
+
+    H = dynamics.history
+    q_data = torch.as_tensor(dataset.q_rad[:, H - 1:-1].reshape(-1, 6), dtype=torch.float32)
+    qd_data = torch.as_tensor(dataset.qdot_radps[:, H - 1:-1].reshape(-1, 6), dtype=torch.float32)
+    # the H-1 commands before each start state (oldest first)
+    a_hist = np.stack([dataset.action_radps[:, k:dataset.n_steps - (H - 1) + k] for k in range(H - 1)], axis=2) if H > 1 else None
+    hist_data = torch.as_tensor(a_hist.reshape(-1, H - 1, 6), dtype=torch.float32) if H > 1 else None
+    lo = torch.as_tensor(task.goal_box_min_m, dtype=torch.float32)
+    hi = torch.as_tensor(task.goal_box_max_m, dtype=torch.float32)
+    history = []
+    started = time.perf_counter()
+    bar = tqdm(range(cfg.iterations), desc="train policy", unit="it", disable=not progress)
+    for it in bar:
+        q, qd, hist, goal = _starts(cfg, rng, q_data, qd_data, hist_data, q_home_rad, task, fk, lo, hi, H)
+        obs_seq, rewards, entropies, disagreements, dists = [], [], [], [], []
+        tool = fk(q)
+        for _ in range(cfg.horizon):
+            obs = torch.cat([q, qd, tool, goal], dim=-1)
+            action, entropy = actor.sample(obs)
+            actions = torch.cat([hist, action.unsqueeze(1)], dim=1) if hist is not None else action.unsqueeze(1)
+            q, qd, disagreement = dynamics.step(q, qd, actions)
+            hist = actions[:, 1:] if hist is not None else None
+            tool = fk(q)  # reward of this step and observation of the next
+            dist = torch.linalg.norm(tool - goal, dim=-1)
+            reward = (-dist + 0.5 * torch.exp(-(dist / cfg.bonus_radius_m) ** 2)
+                      - cfg.action_cost * (action**2).sum(-1) - cfg.disagreement_coef * disagreement)
+            obs_seq.append(obs)
+            rewards.append(reward)
+            entropies.append(entropy)
+            disagreements.append(disagreement)
+            dists.append(dist.detach())
+        obs_seq.append(torch.cat([q, qd, tool, goal], dim=-1))
+        obs_all = torch.stack(obs_seq)  # (horizon+1, B, 18)
+        rewards_t = torch.stack(rewards)
+        values_target = target(obs_all)
+        returns = lambda_returns(rewards_t, values_target, cfg.discount, cfg.lambda_)
+        weights = torch.cumprod(torch.cat([torch.ones(1), torch.full((cfg.horizon - 1,), cfg.discount)]), 0).unsqueeze(-1)
+        actor_loss = -(weights * (returns + cfg.entropy_coef * torch.stack(entropies))).mean()
+        actor_opt.zero_grad()
+        actor_loss.backward()
+        nn.utils.clip_grad_norm_(actor.parameters(), cfg.grad_clip)
+        actor_opt.step()
+
+        critic_loss = 0.5 * ((critic(obs_all[:-1].detach()) - returns.detach()) ** 2 * weights).mean()
+        critic_opt.zero_grad()
+        critic_loss.backward()
+        nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
+        critic_opt.step()
+        with torch.no_grad():
+            for p, tp in zip(critic.parameters(), target.parameters()):
+                tp.lerp_(p, cfg.target_update)
+        if it % 50 == 0 or it == cfg.iterations - 1:
+            row = {"iteration": it, "return": float(returns[0].mean().detach()), "reward": float(rewards_t.mean().detach()), "distance_m": float(dists[-1].mean()),
+                   "disagreement": float(torch.stack(disagreements).mean().detach()), "critic_loss": float(critic_loss.detach())}
+            history.append(row)
+            bar.set_postfix(dist=f"{row['distance_m']:.3f}", ret=f"{row['return']:.2f}")
+    bar.close()
+    for p in dynamics_params:
+        p.requires_grad_(True)
+    last = history[-1]
+    report = PolicyReport(cfg.iterations, round(time.perf_counter() - started, 1), last["return"], last["distance_m"],
+                          last["disagreement"], history)
+    return actor.eval(), report
+
+
+def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, fk, lo, hi, H):
+    """Draw start states (recorded or task-like) and goals (near or anywhere in the box)."""
+    B = cfg.batch
+    n_task = int(round(cfg.task_start_fraction * B))
+    idx = torch.as_tensor(rng.integers(0, q_data.shape[0], B - n_task))
+    q_task = torch.as_tensor(q_home + rng.uniform(-task.start_noise_rad, task.start_noise_rad, (n_task, 6)), dtype=torch.float32)
+    q = torch.cat([q_data[idx], q_task])
+    qd = torch.cat([qd_data[idx], torch.zeros(n_task, 6)])
+    hist = torch.cat([hist_data[idx], torch.zeros(n_task, H - 1, 6)]) if hist_data is not None else None
+    goal = lo + (hi - lo) * torch.rand(B, 3)
+    near = torch.as_tensor(rng.random(B) < cfg.near_goal_fraction)
+    with torch.no_grad():
+        tool = fk(q)
+    scale = torch.as_tensor(rng.choice([0.01, 0.03, 0.1], size=(B, 1)), dtype=torch.float32)
+    near_goal = torch.clamp(tool + scale * torch.randn(B, 3), lo - 0.05, hi + 0.05)
+    goal = torch.where(near.unsqueeze(-1), near_goal, goal)
+    return q, qd, hist, goal
+
+
+def export_policy(actor: Actor, path, *, joint_names, task: TaskSpec, dataset_sha256: str, version: str,
+                  metrics: dict | None = None, config: PolicyConfig | None = None):
+    """Export the deterministic actor (normalization and scaling inside) with its sidecar."""
+    from robot_wm.core.task import OBS_LAYOUT
+    from robot_wm.learning.export import export_onnx, write_sidecar
+
+    path = export_onnx(actor.eval(), (torch.zeros(1, OBS_DIM),), path, ["obs"], ["action_radps"])
+    extra = {
+        "action_limit_radps": list(task.action_limit_radps),
+        "obs_layout": {k: [v.start, v.stop] for k, v in OBS_LAYOUT.items()},
+        "normalization": {"obs_mean": actor.norm.mean.tolist(), "obs_std": actor.norm.std.tolist(),
+                          "note": "applied inside the graph; feed raw observations"},
+        "metrics": metrics or {},
+        "config": asdict(config) if config else {},
+    }
+    write_sidecar(path, model_kind="policy", version=version, joint_names=joint_names, dt_s=task.control_dt_s,
+                  training_data_sha256=dataset_sha256, extra=extra)
+    return path
