@@ -18,6 +18,13 @@ examples:
   robot-wm demo                       scripted motion through the ROS topics, live status, summary
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
 
+learning (CPU, minutes; commands behind the shipped models: models/README.md):
+  robot-wm collect                    domain-randomized simulated transitions -> data/sim_100k.npz
+  robot-wm train world-model          ensemble world model -> runs/world_model/world_model.pt
+  robot-wm train policy               actor-critic in the world model's imagination -> runs/policy/policy.pt
+  robot-wm export --world-model runs/world_model/world_model.pt --policy runs/policy/policy.pt
+  robot-wm eval --profile real_twin --episodes 200 --seed 0 [--json]
+
 Every process robot-wm starts keeps DDS traffic on loopback (config/fastdds_loopback.xml);
 set ROBOT_WM_DDS=system to manage DDS yourself (e.g. robot PC + GPU box).
 """
@@ -122,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
     p.set_defaults(func=_cmd_env)
+
+    from robot_wm.learning.pipeline import add_parsers
+
+    add_parsers(verbs)
     return parser
 
 
