@@ -1,0 +1,242 @@
+"""Run the exported world model (ONNX) on the hot path: one-step predictions and linearizations.
+
+numpy + onnxruntime only (no torch, no rclpy). The graph and its sidecar are described in
+``robot_wm.learning.world_model.export_world_model``: inputs ``q_rad`` [B, 6], ``qdot_radps``
+[B, 6], ``action_radps`` [B, H, 6] (oldest first, last row = the command of this period) and,
+for models trained with a qdot history, ``qdot_history_radps`` [B, K, 6]; outputs the ensemble
+mean ``next_q_rad``, ``next_qdot_radps`` and ``epistemic_var`` / ``aleatoric_var`` [B, 12]
+in (q, qdot) order.
+
+The runner keeps the history of commands actually sent (``commit``), so callers pass only the
+current state and the candidate command. Typical use, once per control period::
+
+    f0, B = runner.linearize(q, qdot, u_nominal)   # safety filter: x⁺ ≈ f0 + B (u − u_nominal)
+    u = solve_qp(...)                              # the command that is actually sent
+    pred = runner.predict(q, qdot, u)              # commits u; pred is compared with the next state
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from robot_wm.core.onnx_model import ModelError, OnnxModel, load_model
+
+N_JOINTS = 6
+STATE_DIM = 2 * N_JOINTS
+MODEL_KIND = "world_model"
+
+
+class WorldModelInputError(ValueError):
+    """An input to the runner has the wrong shape or non-finite values; the message names it."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted measured state one control period ahead, with its uncertainty (physical units).
+
+    Stds are 12-vectors in (q_rad, qdot_radps) order: ``epistemic_std`` is the ensemble's
+    disagreement (large where the model has not seen such data), ``aleatoric_std`` the noise
+    the model expects even where it knows.
+    """
+
+    next_q_rad: np.ndarray  # (6,)
+    next_qdot_radps: np.ndarray  # (6,)
+    epistemic_std: np.ndarray  # (12,)
+    aleatoric_std: np.ndarray  # (12,)
+
+    @property
+    def next_state(self) -> np.ndarray:
+        """(next_q_rad, next_qdot_radps) as one 12-vector."""
+        return np.concatenate([self.next_q_rad, self.next_qdot_radps])
+
+    @property
+    def total_std(self) -> np.ndarray:
+        """Predictive std: sqrt(epistemic² + aleatoric²), (12,)."""
+        return np.sqrt(self.epistemic_std**2 + self.aleatoric_std**2)
+
+
+@dataclass(frozen=True)
+class BatchPrediction:
+    """Predictions for a batch (row i = input row i); arrays as in Prediction with a leading B."""
+
+    next_q_rad: np.ndarray  # (B, 6)
+    next_qdot_radps: np.ndarray  # (B, 6)
+    epistemic_var: np.ndarray  # (B, 12)
+    aleatoric_var: np.ndarray  # (B, 12)
+
+    @property
+    def next_state(self) -> np.ndarray:
+        """(B, 12) next states."""
+        return np.concatenate([self.next_q_rad, self.next_qdot_radps], axis=-1)
+
+
+def _vector(name: str, value, n: int = N_JOINTS) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.shape != (n,):
+        raise WorldModelInputError(f"{name} has shape {arr.shape}: expected ({n},)")
+    if not np.all(np.isfinite(arr)):
+        raise WorldModelInputError(f"{name} = {arr.tolist()} contains NaN or Inf")
+    return arr
+
+
+class WorldModelRunner:
+    """The exported world-model ensemble with the command history it needs.
+
+    Args:
+        onnx_path: the .onnx file; its sidecar is validated by ``load_model`` (hash, kind,
+            joint order, dt, graph signature).
+        joint_names: the robot's joint order (must equal the sidecar's).
+        dt_s: the control period the caller runs at (must equal the sidecar's).
+        fd_step_radps: finite-difference step on the command used by ``linearize``.
+    Raises:
+        ModelError: the model is missing, corrupted, or does not match joints / dt / layout.
+    """
+
+    def __init__(
+        self, onnx_path: Path, joint_names: tuple[str, ...] | list[str], dt_s: float, fd_step_radps: float = 1e-2
+    ) -> None:
+        self.model: OnnxModel = load_model(onnx_path, MODEL_KIND, joint_names, dt_s)
+        meta = self.model.meta
+        inputs = {d["name"]: d["shape"] for d in meta["inputs"]}
+        outputs = [d["name"] for d in meta["outputs"]]
+        expected_out = ["next_q_rad", "next_qdot_radps", "epistemic_var", "aleatoric_var"]
+        if outputs != expected_out:
+            raise ModelError(f"{Path(onnx_path).name}: outputs {outputs}, a world model has {expected_out}")
+        shape = inputs.get("action_radps")
+        if not (isinstance(shape, list) and len(shape) == 3 and isinstance(shape[1], int) and shape[2] == N_JOINTS):
+            raise ModelError(f"{Path(onnx_path).name}: input 'action_radps' has shape {shape}, expected [batch, H, 6]")
+        self.action_history_length = int(shape[1])
+        k_shape = inputs.get("qdot_history_radps")
+        self.qdot_history_length = int(k_shape[1]) if k_shape else 0
+        if not (np.isfinite(fd_step_radps) and fd_step_radps > 0):
+            raise ValueError(f"fd_step_radps={fd_step_radps!r}: expected a positive number")
+        self.fd_step_radps = float(fd_step_radps)
+        self.joint_names = tuple(joint_names)
+        self.dt_s = float(dt_s)
+        self.reset()
+
+    @property
+    def version(self) -> str:
+        """The model's version string (from its sidecar)."""
+        return self.model.version
+
+    @property
+    def action_history(self) -> np.ndarray:
+        """The H-1 most recent committed commands, oldest first, (H-1, 6) (a copy)."""
+        return self._actions.copy()
+
+    @property
+    def qdot_history(self) -> np.ndarray:
+        """The K most recent committed measured qdot, oldest first, (K, 6) (a copy; K = 0 for most models)."""
+        return self._qdots.copy()
+
+    def reset(self, action_history: np.ndarray | None = None, qdot_history: np.ndarray | None = None) -> None:
+        """Forget the history: zeros (an arm at rest with a zero command), or the given (H-1, 6) / (K, 6)."""
+        h, k = self.action_history_length - 1, self.qdot_history_length
+        self._actions = np.zeros((h, N_JOINTS))
+        self._qdots = np.zeros((k, N_JOINTS))
+        if action_history is not None:
+            arr = np.asarray(action_history, dtype=np.float64)
+            if arr.shape != (h, N_JOINTS) or not np.all(np.isfinite(arr)):
+                raise WorldModelInputError(f"action_history has shape {arr.shape}: expected finite ({h}, {N_JOINTS})")
+            self._actions = arr.copy()
+        if qdot_history is not None:
+            arr = np.asarray(qdot_history, dtype=np.float64)
+            if arr.shape != (k, N_JOINTS) or not np.all(np.isfinite(arr)):
+                raise WorldModelInputError(f"qdot_history has shape {arr.shape}: expected finite ({k}, {N_JOINTS})")
+            self._qdots = arr.copy()
+
+    def commit(self, action_radps: np.ndarray, qdot_radps: np.ndarray | None = None) -> None:
+        """Record the command sent this period (and the measured qdot, for models with a qdot history)."""
+        a = _vector("action_radps", action_radps)
+        if self._actions.shape[0]:
+            self._actions = np.vstack([self._actions[1:], a])
+        if self._qdots.shape[0]:
+            if qdot_radps is None:
+                raise WorldModelInputError("commit: this model has a qdot history; pass qdot_radps too")
+            self._qdots = np.vstack([self._qdots[1:], _vector("qdot_radps", qdot_radps)])
+
+    def predict(
+        self, q_rad: np.ndarray, qdot_radps: np.ndarray, action_radps: np.ndarray, commit: bool = True
+    ) -> Prediction:
+        """Predict the measured state after sending ``action_radps`` now.
+
+        Args:
+            q_rad, qdot_radps: measured state now, (6,) each, joint order.
+            action_radps: the command of this period, (6,).
+            commit: record ``action_radps`` as sent (the default; use False for what-if queries).
+        Returns:
+            The prediction for the next control period.
+        """
+        q, qd, a = _vector("q_rad", q_rad), _vector("qdot_radps", qdot_radps), _vector("action_radps", action_radps)
+        qdots = self._qdots[None] if self.qdot_history_length else None
+        out = self.predict_batch(q[None], qd[None], self._window(a[None]), qdots)
+        if commit:
+            self.commit(a, qd)
+        return Prediction(out.next_q_rad[0], out.next_qdot_radps[0],
+                          np.sqrt(out.epistemic_var[0]), np.sqrt(out.aleatoric_var[0]))
+
+    def linearize(
+        self, q_rad: np.ndarray, qdot_radps: np.ndarray, action_nominal_radps: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Next-state mean and its Jacobian w.r.t. the current command, in ONE batched call.
+
+        Central differences with step ``fd_step_radps`` on each command component (batch 13).
+        The history is read, not changed.
+
+        Returns:
+            f0 (12,): predicted next (q, qdot) at the nominal command;
+            B (12, 6): d next_state / d action, so next_state ≈ f0 + B (u − u_nominal).
+        """
+        q, qd = _vector("q_rad", q_rad), _vector("qdot_radps", qdot_radps)
+        a = _vector("action_nominal_radps", action_nominal_radps)
+        eps = self.fd_step_radps
+        delta = np.vstack([np.zeros(N_JOINTS), eps * np.eye(N_JOINTS), -eps * np.eye(N_JOINTS)])
+        actions = a[None] + delta  # (13, 6)
+        n = actions.shape[0]
+        qdots = np.repeat(self._qdots[None], n, 0) if self.qdot_history_length else None
+        out = self.predict_batch(np.repeat(q[None], n, 0), np.repeat(qd[None], n, 0), self._window(actions), qdots)
+        x = out.next_state.astype(np.float64)
+        jac = (x[1:1 + N_JOINTS] - x[1 + N_JOINTS:]).T / (2 * eps)
+        return x[0], jac
+
+    def predict_batch(
+        self,
+        q_rad: np.ndarray,
+        qdot_radps: np.ndarray,
+        action_radps: np.ndarray,
+        qdot_history_radps: np.ndarray | None = None,
+    ) -> BatchPrediction:
+        """Stateless batched prediction with explicit histories (evaluation, what-if queries).
+
+        Args:
+            q_rad, qdot_radps: (B, 6) each.
+            action_radps: (B, H, 6) commands, oldest first, last row = the current one.
+            qdot_history_radps: (B, K, 6) previous measured qdot (models with K > 0 only).
+        """
+        q, qd, a = (np.asarray(x, dtype=np.float64) for x in (q_rad, qdot_radps, action_radps))
+        b = q.shape[0] if q.ndim == 2 else -1
+        h, k = self.action_history_length, self.qdot_history_length
+        checks = [("q_rad", q, (b, N_JOINTS)), ("qdot_radps", qd, (b, N_JOINTS)), ("action_radps", a, (b, h, N_JOINTS))]
+        feeds = {"q_rad": q, "qdot_radps": qd, "action_radps": a}
+        if k:
+            if qdot_history_radps is None:
+                raise WorldModelInputError(f"qdot_history_radps: this model needs (B, {k}, {N_JOINTS})")
+            qh = np.asarray(qdot_history_radps, dtype=np.float64)
+            checks.append(("qdot_history_radps", qh, (b, k, N_JOINTS)))
+            feeds["qdot_history_radps"] = qh
+        for name, arr, shape in checks:
+            if b < 1 or arr.shape != shape:
+                expected = shape if b >= 1 else "(B >= 1, 6)"
+                raise WorldModelInputError(f"{name} has shape {arr.shape}: expected {expected}")
+            if not np.all(np.isfinite(arr)):
+                raise WorldModelInputError(f"{name} contains NaN or Inf")
+        out = self.model.run(**feeds)
+        return BatchPrediction(out["next_q_rad"], out["next_qdot_radps"], out["epistemic_var"], out["aleatoric_var"])
+
+    def _window(self, actions: np.ndarray) -> np.ndarray:
+        """(B, 6) current commands -> (B, H, 6) with the committed history in front."""
+        past = np.repeat(self._actions[None], actions.shape[0], 0)
+        return np.concatenate([past, actions[:, None, :]], axis=1)
