@@ -4,6 +4,7 @@ For each network, latency p50/p99 (µs) of one call at each batch size that the 
 measured in the same run for onnxruntime (the deployed path: one intra-op thread) and torch eager
 (``torch.set_num_threads(1)``, ``no_grad``), and their ratio. Networks:
 
+  * policy: the actor at batch 1 (one action per period), plus ``PolicyRunner.act`` (checks included);
   * world_model: the ensemble at batch 1 (one prediction per period) and at batch 13 (the central
     finite-difference batch of ``WorldModelRunner.linearize``), plus the runner's own ``predict``
     and ``linearize`` (input checks and history included);
@@ -11,7 +12,7 @@ measured in the same run for onnxruntime (the deployed path: one intra-op thread
 and, separately, the world-model training time on CPU for ``--train-transitions`` transitions.
 Add a network by appending a ``Network`` to ``networks()``.
 
-Usage: python bench/bench_inference.py [--world-model runs/world_model/world_model.pt]
+Usage: python bench/bench_inference.py [--world-model runs/world_model/world_model.pt] [--policy runs/policy/policy.pt]
        [--iterations 2000] [--train-transitions 100000] [--train-epochs 2] [--data data.npz] [--no-train]
 Prints numbers only; timings are never pass/fail.
 """
@@ -106,9 +107,43 @@ def world_model_network(checkpoint: Path | None, workdir: Path) -> Network:
     })
 
 
+def policy_network(checkpoint: Path | None, workdir: Path) -> Network:
+    """The policy actor (trained checkpoint, or the configured architecture untrained)."""
+    from robot_wm import description
+    from robot_wm.core.policy_runner import PolicyRunner, make_obs
+    from robot_wm.core.task import OBS_DIM, load_task
+    from robot_wm.learning.config import load_section
+    from robot_wm.learning.pipeline import load_policy_checkpoint
+    from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig, export_policy
+    from robot_wm.paths import config_path
+
+    task = load_task()
+    names = description.joint_limits(description.expand()).names
+    if checkpoint:
+        actor, _ = load_policy_checkpoint(checkpoint)
+    else:
+        cfg = load_section(config_path("training.yaml"), "policy", PolicyConfig)
+        actor = Actor(ObsNormalizer(np.zeros(OBS_DIM), np.ones(OBS_DIM)), np.asarray(task.action_limit_radps), cfg.hidden)
+    path = export_policy(actor.eval(), workdir / "policy.onnx", joint_names=names, task=task, dataset_sha256="bench", version="bench")
+    rng = np.random.default_rng(1)
+    home = description.initial_positions(names)
+
+    def inputs(b: int) -> dict[str, np.ndarray]:
+        q = home + 0.2 * rng.standard_normal((b, 6))
+        obs = np.concatenate([q, 0.3 * rng.standard_normal((b, 6)), rng.uniform(-0.5, 0.5, (b, 3)),
+                              task.sample_goals(rng, b)], axis=1)
+        return {"obs": obs.astype(np.float32)}
+
+    runner = PolicyRunner(path, names, task.control_dt_s)
+    obs1 = make_obs(home, np.zeros(6), np.array([-0.49, -0.13, 0.49]), np.array([-0.4, 0.0, 0.3]))
+    print(f"policy: hidden {actor.net[0].out_features}"
+          f"{' (trained: ' + str(checkpoint) + ')' if checkpoint else ' (untrained weights: latency only)'}")
+    return Network("policy", actor, path, inputs, (1,), extra={"PolicyRunner.act (batch 1)": lambda: runner.act(obs1)})
+
+
 def networks(args: argparse.Namespace, workdir: Path) -> list[Network]:
-    """Every network to time (the policy joins here when it has an exported graph)."""
-    return [world_model_network(args.world_model, workdir)]
+    """Every network to time."""
+    return [policy_network(args.policy, workdir), world_model_network(args.world_model, workdir)]
 
 
 def bench_training(args: argparse.Namespace) -> None:
@@ -144,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-model", type=Path,
                         help="world-model checkpoint (.pt); default: untrained, same architecture")
+    parser.add_argument("--policy", type=Path, help="policy checkpoint (.pt); default: untrained, same architecture")
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--train-transitions", type=int, default=100_000)
     parser.add_argument("--train-epochs", type=int, default=2, help="epochs to time (0: the config's full run)")

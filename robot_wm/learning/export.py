@@ -35,6 +35,14 @@ def export_onnx(
     return path
 
 
+def command_line() -> str:
+    """Return this process's command line as a shell would take it (for provenance records)."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name == "robot-wm":
+        argv[0] = "robot-wm"  # not the venv's absolute path
+    return " ".join(shlex.quote(a) for a in argv)
+
+
 def write_sidecar(
     onnx_path: Path,
     *,
@@ -43,6 +51,7 @@ def write_sidecar(
     joint_names: tuple[str, ...] | list[str],
     dt_s: float,
     training_data_sha256: str,
+    training_command: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``<model>.json`` next to ``onnx_path`` describing the graph and its provenance.
@@ -78,7 +87,7 @@ def write_sidecar(
         "versions": {"robot_wm": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
                      "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
         "training_data_sha256": training_data_sha256,
-        "training_command": " ".join(shlex.quote(a) for a in sys.argv),
+        "training_command": training_command or command_line(),
     }
     meta.update(extra or {})
     path = sidecar_path(onnx_path)

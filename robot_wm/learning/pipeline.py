@@ -14,6 +14,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from robot_wm.learning.export import command_line
+
 DEFAULT_DATA = Path("data/sim_100k.npz")
 DEFAULT_RUNS = Path("runs")
 POLICY_CHECKPOINT_FORMAT = "robot_wm-policy-checkpoint/1"
@@ -73,6 +75,7 @@ def cmd_train_world_model(args: argparse.Namespace) -> int:
     data = Dataset.load(Path(args.data))
     model, report = train_world_model(cfg, data, progress=not args.no_progress)
     metrics = report.to_dict()
+    metrics["command"] = command_line()
     out = Path(args.out)
     save_checkpoint(model, out / "world_model.pt", dataset_sha256=data.sha256, metrics=metrics)
     (out / "world_model_report.json").write_text(json.dumps(metrics, indent=2, default=str))
@@ -136,8 +139,9 @@ def cmd_train_policy(args: argparse.Namespace) -> int:
         "format": POLICY_CHECKPOINT_FORMAT, "state_dict": actor.state_dict(), "config": asdict(cfg),
         "obs_mean": actor.norm.mean.tolist(), "obs_std": actor.norm.std.tolist(),
         "action_limit_radps": list(task.action_limit_radps), "joint_names": list(names),
-        "dataset_sha256": data.sha256, "world_model_sha256": wm_meta.get("dataset_sha256", ""),
-        "report": asdict(report),
+        "dataset_sha256": data.sha256, "world_model_dataset_sha256": wm_meta.get("dataset_sha256", ""),
+        "report": asdict(report), "command": command_line(),
+        "world_model_command": wm_meta.get("metrics", {}).get("command", ""),
     }, out / "policy.pt")
     _print_summary("train policy", {"checkpoint": out / "policy.pt", "iterations": report.iterations,
                                     "seconds": report.seconds, "imagined final distance (m)": f"{report.final_imagined_distance_m:.4f}",
@@ -179,7 +183,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         model, meta = load_checkpoint(Path(args.world_model))
         sha = meta.get("dataset_sha256", "")
         path = export_world_model(model, out / "world_model.onnx", sha, metrics=meta.get("metrics"),
-                                  version=f"wm-{sha[:8]}-s{model.config.seed}")
+                                  version=f"wm-{sha[:8]}-s{model.config.seed}",
+                                  training_command=(meta.get("metrics") or {}).get("command"))
         written["world_model"] = load_model(path, "world_model", names, task.control_dt_s)
     if args.policy:
         actor, record = load_policy_checkpoint(Path(args.policy))
@@ -188,7 +193,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.eval_metrics:
             metrics.update(json.loads(Path(args.eval_metrics).read_text()))
         path = export_policy(actor, out / "policy.onnx", joint_names=names, task=task, dataset_sha256=record["dataset_sha256"],
-                             version=f"policy-{record['dataset_sha256'][:8]}-s{cfg.seed}", metrics=metrics, config=cfg)
+                             version=f"policy-{record['dataset_sha256'][:8]}-s{cfg.seed}", metrics=metrics, config=cfg,
+                             training_command=record.get("command"))
         written["policy"] = load_model(path, "policy", names, task.control_dt_s)
     if not written:
         print("export: nothing to do (give --world-model and/or --policy)", file=sys.stderr)

@@ -285,7 +285,7 @@ def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, fk, lo, hi, H):
 
 
 def export_policy(actor: Actor, path, *, joint_names, task: TaskSpec, dataset_sha256: str, version: str,
-                  metrics: dict | None = None, config: PolicyConfig | None = None):
+                  metrics: dict | None = None, config: PolicyConfig | None = None, training_command: str | None = None):
     """Export the deterministic actor (normalization and scaling inside) with its sidecar."""
     from robot_wm.core.task import OBS_LAYOUT
     from robot_wm.learning.export import export_onnx, write_sidecar
@@ -300,5 +300,5 @@ def export_policy(actor: Actor, path, *, joint_names, task: TaskSpec, dataset_sh
         "config": asdict(config) if config else {},
     }
     write_sidecar(path, model_kind="policy", version=version, joint_names=joint_names, dt_s=task.control_dt_s,
-                  training_data_sha256=dataset_sha256, extra=extra)
+                  training_data_sha256=dataset_sha256, training_command=training_command, extra=extra)
     return path

@@ -659,7 +659,8 @@ def load_checkpoint(path: Path) -> tuple[WorldModel, dict[str, Any]]:
 
 # --------------------------------------------------------------------------------------- export
 def export_world_model(
-    model: WorldModel, path: Path, dataset_sha256: str, metrics: dict | None = None, version: str = "0.1.0"
+    model: WorldModel, path: Path, dataset_sha256: str, metrics: dict | None = None, version: str = "0.1.0",
+    training_command: str | None = None,
 ) -> Path:
     """Export the ensemble as ONE ONNX graph plus its JSON sidecar; return the .onnx path.
 
@@ -699,5 +700,5 @@ def export_world_model(
         "config": dataclasses.asdict(model.config),
     }
     write_sidecar(path, model_kind=MODEL_KIND, version=version, joint_names=model.joint_names, dt_s=model.dt_s,
-                  training_data_sha256=dataset_sha256, extra=extra)
+                  training_data_sha256=dataset_sha256, training_command=training_command, extra=extra)
     return path
