@@ -277,3 +277,22 @@ def test_a_qdot_history_model_exports_and_runs(data, tmp_path):
     assert jac.shape == (12, 6) and np.all(np.isfinite(jac))
     with pytest.raises(ValueError, match="qdot_history_radps"):
         model.step(torch.zeros(1, 12), torch.zeros(1, model.action_history, 6))
+
+
+def test_eval_world_model_cli_reports_three_held_out_sets(exported):
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "robot_wm.cli", "eval-world-model", "--model", str(exported), "--json", "--eval-transitions", "800"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"nominal", "randomized", "real_twin"}
+    for metrics in report.values():
+        assert 0.0 <= metrics["cov90"] <= 1.0 and metrics["tool10_mm"] > 0.0
+    missing = subprocess.run([sys.executable, "-m", "robot_wm.cli", "eval-world-model", "--model", "/nonexistent.onnx"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "/nonexistent.onnx" in missing.stderr

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import platform
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from robot_wm.core.onnx_model import SIDECAR_FORMAT, sha256_file, sidecar_path
+from robot_wm.learning.provenance import command_line
 
 OPSET = 18
 
@@ -33,14 +32,6 @@ def export_onnx(
             dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, external_data=False,
         )
     return path
-
-
-def command_line() -> str:
-    """Return this process's command line as a shell would take it (for provenance records)."""
-    argv = list(sys.argv)
-    if argv and Path(argv[0]).name == "robot-wm":
-        argv[0] = "robot-wm"  # not the venv's absolute path
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 def write_sidecar(

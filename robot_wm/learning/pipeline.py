@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from robot_wm.learning.export import command_line
+from robot_wm.learning.provenance import command_line
 
 DEFAULT_DATA = Path("data/sim_100k.npz")
 DEFAULT_RUNS = Path("runs")
@@ -205,6 +205,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------- CLI
+def _add_world_model_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of eval-world-model; torch is imported only when it runs (the ablation study is
+    ``python -m robot_wm.learning.world_model_eval --ablation``)."""
+    parser.add_argument("--model", type=Path, required=True, help="checkpoint (.pt) or exported world_model.onnx")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--out", type=Path, help="write the full metrics as JSON here")
+    parser.add_argument("--eval-transitions", type=int, default=20_000, help="held-out transitions per data set")
+
+    def run(args: argparse.Namespace) -> int:
+        from robot_wm.learning import world_model_eval
+
+        args.ablation = False
+        return world_model_eval.run(args)
+
+    parser.set_defaults(func=run)
+
+
 def add_parsers(verbs: argparse._SubParsersAction) -> None:
     """Register collect, train, export and eval on the robot-wm parser."""
     from robot_wm.learning import evaluate
@@ -243,6 +260,9 @@ def add_parsers(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-metrics", default=None, help="JSON file of evaluation numbers to record in the policy sidecar")
     p.add_argument("--out", default="models", help="output directory (default models/)")
     p.set_defaults(func=cmd_export)
+
+    p = verbs.add_parser("eval-world-model", help="world-model accuracy and calibration on held-out nominal, randomized and real_twin data")
+    _add_world_model_eval_arguments(p)
 
     p = verbs.add_parser("eval", help="evaluate the ONNX policy and the scripted baseline on the simulator")
     evaluate.add_arguments(p)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from robot_wm.learning.data import CollectConfig, Dataset, collect
-from robot_wm.learning.world_model import N_JOINTS, WorldModel, WorldModelConfig, history_windows, train_world_model
+from robot_wm.learning.world_model import N_JOINTS, WorldModel, WorldModelConfig, history_windows, train_world_model, load_checkpoint
 
 Z90 = 1.6448536269514722  # two-sided 90 % interval of a standard normal
 PredictFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -242,9 +243,51 @@ def _summary(metrics: dict[str, Any]) -> dict[str, float]:
             "cov90": round(metrics["calibration"]["coverage90"], 3)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: the history ablation (data collected unless given as .npz files)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def evaluate_on_profiles(model: Any, transitions: int = 20_000, seed: int = 300, progress: bool = False) -> dict[str, Any]:
+    """Evaluate on fresh held-out data: nominal, domain-randomized (config ranges) and real_twin.
+
+    The seeds differ from the training collection's, so none of these episodes was seen in training.
+    """
+    from robot_wm.core.task import load_task
+    from robot_wm.learning.data import load_randomization
+    from robot_wm.paths import config_path
+
+    task = load_task()
+    sets = {
+        "nominal": collect_profile_dataset("nominal", transitions, seed=seed, task=task, progress=progress),
+        "randomized": collect(CollectConfig(transitions=transitions, seed=seed + 1), task,
+                              load_randomization(config_path("training.yaml")), progress=progress),
+        "real_twin": collect_profile_dataset("real_twin", transitions, seed=seed + 2, task=task, progress=progress),
+    }
+    return {name: evaluate_world_model(model, data) for name, data in sets.items()}
+
+
+def _load_for_eval(path: Path):
+    """A checkpoint (.pt) as a WorldModel, or an exported .onnx through the core runner."""
+    if path.suffix == ".onnx":
+        from robot_wm import description
+        from robot_wm.core.world_model_runner import WorldModelRunner
+
+        return WorldModelRunner(path, description.joint_limits(description.expand()).names, 0.01)
+    model, _ = load_checkpoint(path)
+    return model
+
+
+def format_profile_report(results: dict[str, Any]) -> str:
+    """A readable table of evaluate_on_profiles' results."""
+    lines = [f"{'data':<12} {'1-step q RMSE':>14} {'1-step qdot RMSE':>17} {'tool err @10':>14} {'@10 p90':>9} "
+             f"{'tool err @50':>13} {'@50 p90':>9} {'90% coverage':>13}"]
+    for name, m in results.items():
+        s = _summary(m)
+        lines.append(f"{name:<12} {s['q_rmse']:>12.2e}rad {s['qdot_rmse']:>13.4f}rad/s {s['tool10_mm']:>12.2f}mm "
+                     f"{s['tool10_p90_mm']:>7.2f}mm {s['tool50_mm']:>11.2f}mm {s['tool50_p90_mm']:>7.2f}mm {s['cov90']:>13.3f}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of `robot-wm eval-world-model` (also this module's command line)."""
+    parser.add_argument("--model", type=Path, help="world model to evaluate: checkpoint (.pt) or exported .onnx")
+    parser.add_argument("--json", action="store_true", help="with --model: print one JSON object")
     parser.add_argument("--ablation", action="store_true", help="run the history-window ablation")
     parser.add_argument("--train", type=Path, help="training dataset .npz (default: collect --transitions)")
     parser.add_argument("--held-out", type=Path, help="held-out randomized dataset .npz")
@@ -254,9 +297,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", choices=sorted(ABLATION_VARIANTS), help="default: all")
     parser.add_argument("--out", type=Path, help="write all results as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: evaluate a trained model (--model), or run the history ablation (--ablation)."""
+    parser = add_arguments(argparse.ArgumentParser(prog="robot-wm eval-world-model", description=__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
+    if not (args.model or args.ablation):
+        parser.error("nothing to do: pass --model PATH or --ablation")
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run what the parsed arguments ask for."""
+    if args.model:
+        if not args.model.is_file():
+            print(f"eval-world-model: model not found: {args.model}", file=sys.stderr)
+            return 2
+        results = evaluate_on_profiles(_load_for_eval(args.model), transitions=getattr(args, "eval_transitions", 20_000))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1, default=float))
+        if args.json:
+            print(json.dumps({k: _summary(v) for k, v in results.items()}))
+        else:
+            print(f"world model {args.model}: held-out data ({getattr(args, 'eval_transitions', 20_000)} transitions each, unseen seeds)")
+            print(format_profile_report(results))
+        return 0
     if not args.ablation:
-        parser.error("nothing to do: pass --ablation")
+        print("eval-world-model: nothing to do: pass --model PATH or --ablation", file=sys.stderr)
+        return 2
     from robot_wm.core.task import load_task
     from robot_wm.learning.data import load_randomization
     from robot_wm.paths import config_path
