@@ -157,7 +157,7 @@ class ArmSimNode(Node):
         msg.header.stamp = self.get_clock().now().to_msg()
         self._diag_pub.publish(msg)
 
-    def on_shutdown(self) -> None:
+    def before_shutdown(self) -> None:
         """Called by the runner before the node is destroyed."""
         self.get_logger().info("embedded arm shutting down")
 

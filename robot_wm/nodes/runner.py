@@ -61,9 +61,9 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
         pass
     finally:
         for node in reversed(nodes):
-            on_shutdown = getattr(node, "on_shutdown", None)
-            if on_shutdown is not None:
-                on_shutdown()
+            before_shutdown = getattr(node, "before_shutdown", None)
+            if before_shutdown is not None:
+                before_shutdown()
             executor.remove_node(node)
             node.destroy_node()
         executor.shutdown(timeout_sec=1.0)

@@ -1,0 +1,117 @@
+"""goal_sequencer: hands the policy one reaching goal after another.
+
+Goals come from the ``goals_m`` parameter (a flat list x, y, z, x, y, z, ... in the base frame)
+or, when it is empty, are drawn uniformly from the task's goal box with ``seed``. A goal is
+"reached" when the tool (FK of /joint_states) stays within the task's success radius for its hold
+time; the sequencer then moves on, as it does after ``goal_timeout_s``. Goals go out on
+/robot_wm/goal (geometry_msgs/PointStamped) at ``publish_rate_hz``.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from geometry_msgs.msg import PointStamped
+from rclpy.context import Context
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from std_msgs.msg import String
+
+from robot_wm.nodes.conversions import InputError, joint_state_arrays
+from robot_wm.nodes.params import declare
+from robot_wm.nodes.runner import NodeConfigError, main_for
+
+
+class GoalSequencer(Node):
+    """Publish goals in sequence; advance when the tool reached the goal or on timeout."""
+
+    def __init__(self, context: Context | None = None, node_name: str = "goal_sequencer") -> None:
+        super().__init__(node_name, context=context)
+        from robot_wm import description
+        from robot_wm.core.kinematics import Kinematics
+        from robot_wm.core.task import load_task
+
+        goals = list(declare(self, "goals_m", [0.0], "flat goal list x,y,z,... (m, base frame); [] or [0.0]: random in the task box"))
+        self.seed = declare(self, "seed", 0, "seed of random goals", range_=(0, 2**31 - 1))
+        self.timeout_s = declare(self, "goal_timeout_s", 6.0, "move on after this long (s)", range_=(0.5, 600.0))
+        self.settle_s = declare(self, "settle_s", 0.5, "pause at a reached goal before the next (s)", range_=(0.0, 10.0))
+        rate_hz = declare(self, "publish_rate_hz", 10.0, "goal publish rate (Hz)", range_=(0.5, 100.0))
+        self.frame = declare(self, "base_frame", "base_link", "frame of the goals")
+        self.task = load_task()
+        urdf = description.expand()
+        self.joint_names = list(description.joint_limits(urdf).names)
+        self.kin = Kinematics(urdf, self.joint_names)
+        self.rng = np.random.default_rng(self.seed)
+        if goals in ([], [0.0]):
+            self.fixed = None
+        else:
+            if len(goals) % 3:
+                raise NodeConfigError(f"goal_sequencer: goals_m has {len(goals)} numbers, expected a multiple of 3 (x, y, z per goal)")
+            self.fixed = np.asarray(goals, dtype=float).reshape(-1, 3)
+            if not np.all(np.isfinite(self.fixed)) or np.any(self.fixed[:, 2] <= 0.0):
+                raise NodeConfigError(f"goal_sequencer: goals_m must be finite and above the table (z > 0), got {self.fixed.tolist()}")
+        self.index = -1
+        self.goal = None
+        self.reached = 0
+        self.timed_out = 0
+        self._inside_since: float | None = None
+        self._goal_since = time.monotonic()
+        self._reached_at: float | None = None
+        self._pub = self.create_publisher(PointStamped, "/robot_wm/goal", 10)
+        self._event_pub = self.create_publisher(String, "~/events", 10)
+        self.create_subscription(JointState, "/joint_states", self._on_state, QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        self._next_goal()
+        self.create_timer(1.0 / rate_hz, self._publish)
+
+    def _next_goal(self) -> None:
+        self.index += 1
+        if self.fixed is not None:
+            self.goal = self.fixed[self.index % len(self.fixed)]
+        else:
+            self.goal = self.task.sample_goals(self.rng, 1)[0]
+        self._goal_since = time.monotonic()
+        self._inside_since = None
+        self._reached_at = None
+        self._event(f"goal {self.index}: ({self.goal[0]:+.3f}, {self.goal[1]:+.3f}, {self.goal[2]:+.3f}) m")
+
+    def _event(self, text: str) -> None:
+        self.get_logger().info(text)
+        self._event_pub.publish(String(data=text))
+
+    def _on_state(self, msg: JointState) -> None:
+        try:
+            q, _ = joint_state_arrays(msg, self.joint_names)
+        except InputError:
+            return
+        now = time.monotonic()
+        if self._reached_at is not None:
+            if now - self._reached_at >= self.settle_s:
+                self._next_goal()
+            return
+        dist = float(np.linalg.norm(self.kin.tool_position_m(q) - self.goal))
+        if dist < self.task.success_radius_m:
+            self._inside_since = self._inside_since or now
+            if now - self._inside_since >= self.task.success_hold_s:
+                self.reached += 1
+                self._reached_at = now
+                self._event(f"goal {self.index} reached in {now - self._goal_since:.2f} s")
+        else:
+            self._inside_since = None
+        if now - self._goal_since > self.timeout_s:
+            self.timed_out += 1
+            self._event(f"goal {self.index} timed out after {self.timeout_s:.1f} s (distance {dist * 1e3:.0f} mm)")
+            self._next_goal()
+
+    def _publish(self) -> None:
+        msg = PointStamped()
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.header.frame_id = self.frame
+        msg.point.x, msg.point.y, msg.point.z = (float(v) for v in self.goal)
+        self._pub.publish(msg)
+
+
+main = main_for(GoalSequencer)
+
+if __name__ == "__main__":
+    main()

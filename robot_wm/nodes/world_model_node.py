@@ -1,0 +1,158 @@
+"""world_model: the learned world model (ONNX ensemble) predicting the arm's next state.
+
+Each control period it takes the latest /joint_states and the command actually sent to the
+hardware (/forward_velocity_controller/commands: what the safety filter let through, not what the
+policy wanted) and publishes a WorldModelPrediction of the next measured state with its
+epistemic and aleatoric standard deviations on /robot_wm/prediction. Optionally it also rolls the
+model ``forecast_steps`` periods ahead under the current command and publishes the predicted tool
+path as a visualization_msgs/Marker (RViz, Foxglove).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from geometry_msgs.msg import Point
+from rclpy.context import Context
+from rclpy.lifecycle import Node as LifecycleNode
+from rclpy.lifecycle import State, TransitionCallbackReturn
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+from visualization_msgs.msg import Marker
+
+from robot_wm.msg import WorldModelPrediction
+from robot_wm.nodes.conversions import InputError, joint_state_arrays, vector
+from robot_wm.nodes.params import declare
+from robot_wm.nodes.runner import main_for
+
+
+class WorldModelNode(LifecycleNode):
+    """Predict the next joint state each control period from the state and the command sent."""
+
+    def __init__(self, context: Context | None = None, node_name: str = "world_model") -> None:
+        super().__init__(node_name, context=context)
+        self.model_path = declare(self, "model_path", "", "world model .onnx (empty: models/world_model.onnx of the package)", read_only=True)
+        self.period_s = declare(self, "control_period_s", 0.01, "prediction period (s)", range_=(0.002, 0.1), read_only=True)
+        self.stale_s = declare(self, "stale_after_s", 0.05, "inputs older than this (s) are not used", range_=(0.001, 1.0), read_only=True)
+        self.forecast_steps = declare(self, "forecast_steps", 0, "periods of the tool-path forecast marker (0: off)", range_=(0, 200), read_only=True)
+        self.joint_names = list(declare(self, "joint_names", [""], "joint order", read_only=True))
+        states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState input", read_only=True)
+        command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands", "the command sent to the hardware", read_only=True)
+        self.base_frame = declare(self, "base_frame", "base_link", "frame of the forecast marker", read_only=True)
+        self.autostart = declare(self, "autostart", True, "configure and activate on start-up", read_only=True)
+        self.runner = None
+        self.kin = None
+        self._timer = None
+        self._pred_pub = None
+        self._marker_pub = None
+        self._state: tuple[float, np.ndarray, np.ndarray] | None = None
+        self._command: tuple[float, np.ndarray] | None = None
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self.create_subscription(JointState, states_topic, self._on_state, qos)
+        self.create_subscription(Float64MultiArray, command_topic, self._on_command, qos)
+        if self.autostart:
+            self._autostart_timer = self.create_timer(0.0, self._autostart)
+
+    def _autostart(self) -> None:
+        self._autostart_timer.cancel()
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
+    def on_configure(self, state: State) -> TransitionCallbackReturn:
+        from robot_wm import description
+        from robot_wm.core.kinematics import Kinematics
+        from robot_wm.core.onnx_model import ModelError
+        from robot_wm.core.task import load_task
+        from robot_wm.core.world_model_runner import WorldModelRunner
+        from robot_wm.paths import data_path
+
+        try:
+            urdf = description.expand()
+            if self.joint_names == [""]:
+                self.joint_names = list(description.joint_limits(urdf).names)
+            path = self.model_path or str(data_path("models", "world_model.onnx", must_exist=False))
+            self.runner = WorldModelRunner(path, self.joint_names, load_task().control_dt_s)
+            self.kin = Kinematics(urdf, self.joint_names)
+        except (ModelError, ValueError, OSError) as exc:
+            self.get_logger().error(f"configure failed: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self._pred_pub = self.create_lifecycle_publisher(WorldModelPrediction, "/robot_wm/prediction", 10)
+        if self.forecast_steps:
+            self._marker_pub = self.create_lifecycle_publisher(Marker, "/robot_wm/prediction_marker", 10)
+        self.get_logger().info(f"world model {self.runner.version} loaded from {path}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: State) -> TransitionCallbackReturn:
+        self.runner.reset()
+        self._timer = self.create_timer(self.period_s, self._on_tick)
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: State) -> TransitionCallbackReturn:
+        if self._timer is not None:
+            self.destroy_timer(self._timer)
+            self._timer = None
+        return super().on_deactivate(state)
+
+    def _on_state(self, msg: JointState) -> None:
+        try:
+            q, qdot = joint_state_arrays(msg, self.joint_names if self.joint_names != [""] else list(msg.name))
+        except InputError as exc:
+            self._state = None
+            self.get_logger().error(f"ignoring joint state: {exc}", throttle_duration_sec=1.0)
+            return
+        self._state = (time.monotonic(), q, qdot)
+
+    def _on_command(self, msg: Float64MultiArray) -> None:
+        try:
+            self._command = (time.monotonic(), vector(msg.data, 6, "command"))
+        except InputError as exc:
+            self.get_logger().error(f"ignoring command: {exc}", throttle_duration_sec=1.0)
+
+    def _on_tick(self) -> None:
+        if self._state is None or self.runner is None:
+            return
+        now = time.monotonic()
+        received_s, q, qdot = self._state
+        if now - received_s > self.stale_s:
+            return
+        # the hardware holds zero once commands stop (driver timeout): predict that, not the last command
+        command = self._command[1] if self._command and now - self._command[0] <= self.stale_s else np.zeros(6)
+        pred = self.runner.predict(q, qdot, command)
+        msg = WorldModelPrediction(joint_names=self.joint_names, model_version=self.runner.version, horizon_steps=1,
+                                   dt_s=float(self.period_s))
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.position_rad = pred.next_q_rad.tolist()
+        msg.velocity_radps = pred.next_qdot_radps.tolist()
+        msg.position_std_epistemic_rad = pred.epistemic_std[:6].tolist()
+        msg.position_std_aleatoric_rad = pred.aleatoric_std[:6].tolist()
+        msg.velocity_std_epistemic_radps = pred.epistemic_std[6:].tolist()
+        msg.velocity_std_aleatoric_radps = pred.aleatoric_std[6:].tolist()
+        self._pred_pub.publish(msg)
+        if self._marker_pub is not None:
+            self._publish_forecast(q, pred.next_q_rad, pred.next_qdot_radps, command, msg.header.stamp)
+
+    def _publish_forecast(self, q_now: np.ndarray, q: np.ndarray, qdot: np.ndarray, command: np.ndarray, stamp) -> None:
+        """Roll the model on under the current command; publish the tool path as a line strip."""
+        history = self.runner.action_history  # the H-1 latest commands, this period's included
+        path = [self.kin.tool_position_m(q_now), self.kin.tool_position_m(q)]
+        for _ in range(self.forecast_steps - 1):
+            window = np.vstack([history, command])
+            batch = self.runner.predict_batch(q[None], qdot[None], window[None])
+            history = window[1:]
+            q, qdot = batch.next_state[0, :6], batch.next_state[0, 6:]
+            path.append(self.kin.tool_position_m(q))
+        marker = Marker(ns="robot_wm_forecast", id=0, type=Marker.LINE_STRIP, action=Marker.ADD)
+        marker.header.stamp = stamp
+        marker.header.frame_id = self.base_frame
+        marker.scale.x = 0.005
+        marker.color.r, marker.color.g, marker.color.b, marker.color.a = 0.1, 0.6, 1.0, 0.9
+        marker.pose.orientation.w = 1.0
+        marker.points = [Point(x=float(p[0]), y=float(p[1]), z=float(p[2])) for p in path]
+        self._marker_pub.publish(marker)
+
+
+main = main_for(WorldModelNode)
+
+if __name__ == "__main__":
+    main()
