@@ -19,16 +19,17 @@ def _nodes(context):
     hardware = LaunchConfiguration("hardware").perform(context)
     hardware_params = LaunchConfiguration("hardware_params").perform(context)
     profile = LaunchConfiguration("profile").perform(context)
+    composed = LaunchConfiguration("composed").perform(context).lower() in ("true", "1", "yes")
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else None
-    for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides):
+    for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
         actions.append(
             Node(
                 package=spec.package,
                 executable=spec.executable,
-                name=spec.name if spec.executable != "spawner" else None,
+                name=spec.name if spec.executable != "spawner" and not spec.composes else None,
                 parameters=params + ([inline] if inline else []),
                 arguments=list(spec.arguments),
                 output="screen",
@@ -50,5 +51,7 @@ def generate_launch_description():
                               description="extra plugin parameters, 'name=value;name2=value2'"),
         DeclareLaunchArgument("profile", default_value="nominal",
                               description="embedded arm dynamics profile (hardware:=mujoco only)"),
+        DeclareLaunchArgument("composed", default_value="false",
+                              description="run policy, world model and safety filter in one process"),
         OpaqueFunction(function=_nodes),
     ])

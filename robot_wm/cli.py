@@ -52,7 +52,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
               f"  ros2 launch robot_wm bringup.launch.py hardware:={args.hardware}\n"
               f"without a ROS install, use the embedded arm: robot-wm up --hardware {EMBEDDED}", file=sys.stderr)
         return 2
-    specs = plan(args.hardware, overrides={"profile": args.profile})
+    specs = plan(args.hardware, overrides={"profile": args.profile}, composed=args.composed)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("up", help="bring up the node graph (config/graph.yaml) on the embedded arm")
     p.add_argument("--hardware", default="mujoco", help="mujoco (default); other hardware needs `ros2 launch` on a ROS install")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
+    p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process (lowest latency)")
     p.set_defaults(func=_cmd_up)
 
     p = verbs.add_parser("demo", help="the main job: the stack on the embedded arm with a live status line and a summary")

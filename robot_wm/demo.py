@@ -116,7 +116,8 @@ def run_demo(profile: str = "nominal", out_dir: Path | None = None, live: bool |
     urdf = description.expand()
     kin = Kinematics(urdf, description.joint_limits(urdf).names)
     script = default_script()
-    specs = plan("mujoco", overrides={"profile": profile})
+    # this demo drives the arm itself: the control stack (whose safety filter would own the command topic) stays off
+    specs = plan("mujoco", overrides={"profile": profile}, stack=False)
     print(f"robot_wm demo: embedded MuJoCo arm (profile {profile}) in its own process, scripted velocity commands over ROS 2")
     context = Context()
     rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)

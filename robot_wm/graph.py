@@ -33,6 +33,7 @@ class ProcessSpec:
     param_files: tuple[Path, ...] = ()
     arguments: tuple[str, ...] = ()
     parameters: dict[str, Any] = field(default_factory=dict)
+    composes: tuple[str, ...] = ()  # node names a composed process hosts (their names are not remapped)
 
     @property
     def needs_ros_install(self) -> bool:
@@ -66,6 +67,24 @@ def _parse_entry(entry: Any, where: str) -> tuple[ProcessSpec, bool]:
     return spec, bool(entry.get("description", False))
 
 
+def _compose(specs: list[ProcessSpec], entry: Any) -> list[ProcessSpec]:
+    """Replace the nodes listed in the graph's ``composed`` entry by one process hosting them all."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("nodes"), list) or not entry["nodes"]:
+        raise GraphError("graph.yaml: 'composed' must map name, package, executable, module and a non-empty nodes list")
+    members = [s for s in specs if s.name in entry["nodes"]]
+    missing = sorted(set(entry["nodes"]) - {s.name for s in members})
+    if missing:
+        raise GraphError(f"graph.yaml composed.nodes names {missing}, which are not in the stack")
+    params: list[Path] = []
+    for s in members:
+        params += [p for p in s.param_files if p not in params]
+    merged = ProcessSpec(entry["name"], entry["package"], entry["executable"], entry.get("module"), tuple(params),
+                         composes=tuple(s.name for s in members))
+    first = specs.index(members[0])
+    rest = [s for s in specs if s not in members]
+    return rest[:first] + [merged] + rest[first:]
+
+
 def load_graph(path: Path | None = None) -> dict[str, Any]:
     """Read and validate config/graph.yaml (or ``path``)."""
     path = path or config_path("graph.yaml")
@@ -90,6 +109,8 @@ def plan(
     hardware_params: str = "",
     graph_path: Path | None = None,
     overrides: dict[str, Any] | None = None,
+    composed: bool = False,
+    stack: bool = True,
 ) -> list[ProcessSpec]:
     """Return the processes that bring up robot_wm on ``hardware``.
 
@@ -98,6 +119,8 @@ def plan(
         hardware_params: extra plugin parameters for the description, ``"name=value;name2=value2"``.
         graph_path: alternative graph file (tests).
         overrides: parameters set on every robot_wm node (e.g. ``{"profile": "real_twin"}`` for arm_sim).
+        composed: run the graph's ``composed.nodes`` in one process (config/graph.yaml ``composed``).
+        stack: include the control stack (False: only the hardware side, e.g. for driving the arm directly).
     Returns:
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
     """
@@ -109,7 +132,8 @@ def plan(
     group = hardware if hardware in data["hardware"] else "ros2_control"
     entries = [(f"hardware.{group}[{i}]", e) for i, e in enumerate(data["hardware"][group] or [])]
     entries += [(f"common[{i}]", e) for i, e in enumerate(data["common"] or [])]
-    entries += [(f"stack[{i}]", e) for i, e in enumerate(data["stack"] or [])]
+    if stack:
+        entries += [(f"stack[{i}]", e) for i, e in enumerate(data["stack"] or [])]
     specs = []
     for where, entry in entries:
         spec, wants_description = _parse_entry(entry, f"graph.yaml {where}")
@@ -121,6 +145,8 @@ def plan(
         if overrides and spec.package == "robot_wm":
             params.update(overrides)
         specs.append(ProcessSpec(spec.name, spec.package, spec.executable, spec.module, spec.param_files, spec.arguments, params))
+    if composed and stack:
+        specs = _compose(specs, data.get("composed"))
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

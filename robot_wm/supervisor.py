@@ -38,7 +38,9 @@ def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
     """Return the command line that starts ``spec`` on the pip path (no ROS install)."""
     if spec.module is None:
         raise ValueError(f"node {spec.name!r} ({spec.package}/{spec.executable}) needs a ROS 2 install to run")
-    cmd = [python, "-m", spec.module, *spec.arguments, "--ros-args", "-r", f"__node:={spec.name}"]
+    cmd = [python, "-m", spec.module, *spec.arguments, "--ros-args"]
+    if not spec.composes:  # a composed process hosts several nodes under their own names
+        cmd += ["-r", f"__node:={spec.name}"]
     for path in spec.param_files:
         cmd += ["--params-file", str(path)]
     for key, value in spec.parameters.items():

@@ -18,7 +18,7 @@ JOINTS = description.joint_limits(description.expand()).names
 
 
 def _arm_cmd(**params) -> list[str]:
-    spec = next(s for s in graph.plan("mujoco", overrides=params or None) if s.name == "arm_sim")
+    spec = next(s for s in graph.plan("mujoco", overrides=params or None, stack=False) if s.name == "arm_sim")
     return command_for(spec)
 
 

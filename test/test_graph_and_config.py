@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_embedded_plan_runs_without_ros_install():
     specs = graph.plan("mujoco", overrides={"profile": "real_twin"})
     runnable = [s for s in specs if not s.needs_ros_install]
-    assert [s.name for s in runnable] == ["arm_sim"]
+    assert [s.name for s in runnable] == ["arm_sim", "safety_filter", "world_model", "policy", "goal_sequencer"]
     cmd = command_for(runnable[0], python="python")
     assert cmd[:3] == ["python", "-m", "robot_wm.nodes.arm_sim"]
     assert "__node:=arm_sim" in cmd and "arm_sim:profile:=real_twin" in cmd
@@ -67,7 +67,7 @@ def test_launch_file_builds_its_nodes_from_the_graph_plan():
     assert "graph.plan" in calls and "rosenv.loopback_env" in calls
     args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
-    assert args == {"hardware", "hardware_params", "profile"}
+    assert args == {"hardware", "hardware_params", "profile", "composed"}
 
 
 def test_controllers_yaml_matches_the_description():
@@ -97,3 +97,15 @@ def test_package_xml_declares_the_launch_path_dependencies():
                    "robot_state_publisher", "xacro"):
         assert needed in deps, f"package.xml lacks {needed}"
     assert root.find("export/build_type").text == "ament_cmake"
+
+
+def test_composed_plan_hosts_the_hot_path_in_one_process():
+    specs = graph.plan("mujoco", composed=True)
+    by_name = {s.name: s for s in specs}
+    stack = by_name["control_stack"]
+    assert stack.composes == ("safety_filter", "world_model", "policy")
+    assert not {"safety_filter", "world_model", "policy"} & set(by_name)
+    cmd = command_for(stack, python="python")
+    assert cmd[:3] == ["python", "-m", "robot_wm.nodes.composed"] and not any("__node:=" in c for c in cmd)
+    assert {p.name for p in stack.param_files} == {"robot.yaml", "control.yaml", "safety.yaml"}
+    assert [s.name for s in graph.plan("mujoco", stack=False) if not s.needs_ros_install] == ["arm_sim"]

@@ -125,8 +125,8 @@ def test_latched_fault_brakes_to_standstill_and_never_passes_the_nominal(sup, li
     arm = Arm()
     _move(arm, sup)
     moving = arm.qd.copy()
-    out = arm.step(sup, np.full(6, 2.0), input_age_periods=limits.stale_limit_periods + 1)
-    assert out.state == FilterState.FAULT and "stale input" in out.fault_reason
+    out = arm.step(sup, NAN)
+    assert out.state == FilterState.FAULT and "u_nominal_radps" in out.fault_reason
     ramp = np.sign(moving) * np.maximum(np.abs(moving) - limits.stop_decel_radps2 * DT, 0.0)
     np.testing.assert_allclose(out.u_safe_radps, ramp, atol=1e-12)
     states = []
@@ -174,3 +174,22 @@ def test_intervention_counts_and_diagnostics_summary(sup, limits):
     sup.step(FilterInput(arm.q, arm.qd, np.zeros(6)))
     assert sup.summary()["estop"] == "diag" and sup.summary()["state"] == "ESTOP"
     assert sup.stop_events >= 1
+
+
+def test_stale_inputs_stop_only_while_stale_unless_configured_to_latch(limits, kin):
+    """Staleness (a slow or restarted publisher) halts the arm and resumes on fresh input, as
+    moveit_servo does on its incoming-command timeout; with latch_stale it needs a reset."""
+    for latch_stale in (False, True):
+        sup = SafetySupervisor(SafetyFilter(limits, kin, DT), latch_stale=latch_stale)
+        arm = Arm()
+        _move(arm, sup)
+        moving = np.abs(arm.qd).max()
+        for _ in range(5):
+            out = arm.step(sup, np.full(6, 2.0), input_age_periods=limits.stale_limit_periods + 1)
+            assert out.state == FilterState.FAULT and "stale input" in out.fault_reason
+        assert np.abs(arm.qd).max() < moving  # braking, never the nominal
+        out = arm.step(sup, np.array([0.0, 0.0, 0.05, 0.0, 0.0, 0.0]))
+        if latch_stale:
+            assert out.is_stop and "reset to resume" in out.reason
+        else:
+            assert out.state in (FilterState.OK, FilterState.FILTERING) and sup.latched_fault is None

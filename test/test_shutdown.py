@@ -41,11 +41,18 @@ def _children_of(pid: int) -> list[int]:
     return kids
 
 
-ARM = next(s for s in graph.plan("mujoco") if s.name == "arm_sim")
+SPECS = {s.name: s for s in graph.plan("mujoco") + graph.plan("mujoco", composed=True) if not s.needs_ros_install}
+ARM = SPECS["arm_sim"]
 PROGRAMS = {
     "arm_sim node": (command_for(ARM), "embedded arm up"),
+    "safety_filter node": (command_for(SPECS["safety_filter"]), "safety filter active"),
+    "policy node": (command_for(SPECS["policy"]), "loaded from"),
+    "world_model node": (command_for(SPECS["world_model"]), "loaded from"),
+    "goal_sequencer node": (command_for(SPECS["goal_sequencer"]), "goal 0:"),
+    "control_stack (composed)": (command_for(SPECS["control_stack"]), "safety filter active"),
     "robot-wm sim": ([PYTHON, "-m", "robot_wm.cli", "sim"], "embedded arm up"),
-    "robot-wm up": ([PYTHON, "-m", "robot_wm.cli", "up"], "embedded arm up"),
+    "robot-wm up": ([PYTHON, "-m", "robot_wm.cli", "up"], "safety filter active"),
+    "robot-wm up --composed": ([PYTHON, "-m", "robot_wm.cli", "up", "--composed"], "safety filter active"),
 }
 
 

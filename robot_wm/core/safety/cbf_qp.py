@@ -27,6 +27,7 @@ The nominal command is never passed through unchecked.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -60,6 +61,10 @@ STATE_TEXT: dict[FilterState, str] = {s: s.name for s in FilterState}
 SOLVER_NOT_RUN = 0
 _OSQP_SOLVED = 1
 _OSQP_INFEASIBLE = (3, 4)
+
+
+#: Start of every staleness fault reason (the supervisor treats those as non-latching by default).
+STALE_PREFIX = "stale input:"
 
 
 def solver_status_text(status: int) -> str:
@@ -349,7 +354,8 @@ class SafetyFilter:
         self._q = np.zeros(self.nx)
         self._P = sparse.diags(np.concatenate([np.ones(n), np.full(3, w)]), format="csc")
 
-        self.osqp_settings = dict(self.DEFAULT_OSQP_SETTINGS, time_limit=0.5 * dt)
+        # generous: on a loaded 2-core machine a preempted solve must not read as a solver failure
+        self.osqp_settings = dict(self.DEFAULT_OSQP_SETTINGS, time_limit=0.9 * dt)
         self.osqp_settings.update(osqp_settings or {})
         self._last_u: np.ndarray | None = None
         self._qd_now: np.ndarray | None = None
@@ -407,7 +413,14 @@ class SafetyFilter:
         Returns:
             The command to send with the status of this period.
         """
+        out = self._filter(inp)
+        if self._model_note and out.state in (FilterState.OK, FilterState.FILTERING):
+            out = dataclasses.replace(out, reason="; ".join(r for r in (out.reason, self._model_note) if r))
+        return out
+
+    def _filter(self, inp: FilterInput) -> FilterOutput:
         self._qd_now = None
+        self._model_note = ""
         fault, parsed = self._parse(inp)
         if fault is not None:
             return self._stop(FilterState.FAULT, fault, inp if inp is not None else _NO_INPUT)
@@ -451,7 +464,7 @@ class SafetyFilter:
         if age is None or age < 0:
             return f"input_age_periods = {inp.input_age_periods!r}: expected a finite age >= 0 periods", None
         if age > self.limits.stale_limit_periods:
-            return f"stale input: {age:g} periods old > stale_limit_periods {self.limits.stale_limit_periods}", None
+            return f"{STALE_PREFIX} {age:g} periods old > stale_limit_periods {self.limits.stale_limit_periods}", None
         s_v = _as_scalar(inp.trust_scale)
         if s_v is None or not 0.0 <= s_v <= 1.0:
             return f"trust_scale = {inp.trust_scale!r}: expected a number in [0, 1]", None
@@ -503,8 +516,12 @@ class SafetyFilter:
         bq, bqd = B[:n], B[n:]
         out_of_range = np.any(np.abs(bq) > 2.0 * dt) or np.any(np.abs(bqd) > 2.0)
         if out_of_range or np.any(np.diag(bq) < 0) or np.any(np.diag(bqd) < 0):
-            return ("model inconsistent: B out of range (expected |dq+/du| <= 2 dt, |dqdot+/du| <= 2 and "
-                    "non-negative diagonals)"), None
+            # A learned model's local slope can be implausible in a corner of the state space it has
+            # seen little of, while its prediction is fine. That is no reason to stop the arm: this
+            # period is filtered with the conservative kinematic model instead, and the output says so.
+            self._model_note = ("world-model slope B implausible here (expected |dq+/du| <= 2 dt, |dqdot+/du| <= 2, "
+                                "non-negative diagonals): kinematic model used this period")
+            return None, None
         return None, LinearizedModel(f0, B, sig)
 
     def _kinematics(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -608,6 +625,19 @@ class SafetyFilter:
             c = (q - f0q + bq @ u_lin) / dt
             A[p0:p0 + n, :n] = bq / dt
             l[p0:p0 + n], u[p0:p0 + n] = c + pos_lo, c + pos_hi
+            # At a limit (inside the robust margin) or past it, "h(q⁺) >= h(q) + κσ" asks the model's
+            # mean to retreat by κσ in one period: with the acceleration box that is often infeasible
+            # even at rest, and the arm would stay stopped for good. There the row becomes
+            # "command no further into the limit" (u_i <= 0 at the upper, >= 0 at the lower limit),
+            # exact for the command, while the braking row below still bounds the predicted velocity.
+            for i in np.flatnonzero(h_up <= margin_q):
+                A[p0 + i, :n] = 0.0
+                A[p0 + i, i] = 1.0
+                l[p0 + i], u[p0 + i] = -np.inf, 0.0
+            for i in np.flatnonzero(h_lo <= margin_q):
+                A[p0 + i, :n] = 0.0
+                A[p0 + i, i] = 1.0
+                l[p0 + i], u[p0 + i] = 0.0, np.inf
             cb = bqd @ u_lin - f0qd
             A[k0:k0 + n, :n] = bqd
             l[k0:k0 + n], u[k0:k0 + n] = cb + brk_lo, cb + brk_hi

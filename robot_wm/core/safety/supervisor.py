@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from robot_wm.core.safety.cbf_qp import FilterInput, FilterOutput, FilterState, SafetyFilter, _as_vector
+from robot_wm.core.safety.cbf_qp import STALE_PREFIX, FilterInput, FilterOutput, FilterState, SafetyFilter, _as_vector
 
 
 class SafetySupervisor:
@@ -35,17 +35,25 @@ class SafetySupervisor:
     Args:
         safety_filter: the filter (its ``controlled_stop`` and ``check_input`` are used while latched).
         standstill_radps: a stop counts as STOPPED when every measured |qdot| is below this, rad/s.
-        latch_faults: True = a FAULT period latches a stop that only ``reset`` releases.
+        latch_faults: True = a FAULT caused by a broken input (malformed, non-finite, missing model)
+            latches a stop that only ``reset`` releases; solver failures stop the arm for as long
+            as they last (the next period solves again).
+        latch_stale: False = stale inputs stop the arm only while they are stale (as moveit_servo
+            halts on an incoming-command timeout and resumes on fresh commands); True = they latch
+            like any other fault. Malformed or non-finite inputs and solver failures always follow
+            ``latch_faults``.
     """
 
     def __init__(
-        self, safety_filter: SafetyFilter, *, standstill_radps: float = 0.02, latch_faults: bool = True
+        self, safety_filter: SafetyFilter, *, standstill_radps: float = 0.02, latch_faults: bool = True,
+        latch_stale: bool = False,
     ) -> None:
         if not (np.isfinite(standstill_radps) and standstill_radps > 0):
             raise ValueError(f"standstill_radps={standstill_radps!r}: expected a speed > 0 rad/s")
         self.filter = safety_filter
         self.standstill_radps = float(standstill_radps)
         self.latch_faults = bool(latch_faults)
+        self.latch_stale = bool(latch_stale)
         self._estop_reason: str | None = None
         self._latched_fault: str | None = None
         self._fault_now: str | None = None  # fault of the latest period's input (None = healthy)
@@ -164,7 +172,11 @@ class SafetySupervisor:
         else:
             out = self.filter.filter(inp)
             self._fault_now = out.reason if out.state == FilterState.FAULT else None
-            if out.state == FilterState.FAULT and self.latch_faults:
+            # latch what says a component is broken (malformed or non-finite input, missing model);
+            # a solver hiccup (time limit under CPU load) or a stale input stops only while it lasts
+            broken = self._fault_now is not None and self.filter.check_input(inp) is not None
+            stale = out.reason.startswith(STALE_PREFIX)
+            if out.state == FilterState.FAULT and self.latch_faults and broken and (self.latch_stale or not stale):
                 self._latched_fault = out.reason
             elif out.state == FilterState.STOPPING and self._stop_state(out.u_safe_radps, inp) == FilterState.STOPPED:
                 out = _replace_state(out, FilterState.STOPPED)
