@@ -16,6 +16,7 @@ examples:
   robot-wm sim --profile real_twin    run only the embedded MuJoCo arm (Ctrl-C to stop)
   robot-wm up                         bring up the node graph on the embedded arm
   robot-wm demo                       scripted motion through the ROS topics, live status, summary
+  robot-wm estop | reset | status     operator commands for the running stack's safety filter
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
 
 learning (CPU, minutes; commands behind the shipped models: models/README.md):
@@ -96,6 +97,24 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_estop(args: argparse.Namespace) -> int:
+    from robot_wm.operator import call_trigger
+
+    return call_trigger("/robot_wm/estop", args.timeout)
+
+
+def _cmd_reset(args: argparse.Namespace) -> int:
+    from robot_wm.operator import call_trigger
+
+    return call_trigger("/robot_wm/reset_estop", args.timeout)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from robot_wm.operator import show_status
+
+    return show_status(args.watch, args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the robot-wm command."""
     parser = argparse.ArgumentParser(
@@ -127,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("doctor", help="check the environment and say how to fix what is wrong")
     p.add_argument("--offline", action="store_true", help="skip the live ROS 2 round trip")
     p.set_defaults(func=_cmd_doctor)
+
+    p = verbs.add_parser("estop", help="operator: latch the e-stop (zero command within one control period)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter")
+    p.set_defaults(func=_cmd_estop)
+    p = verbs.add_parser("reset", help="operator: release the e-stop / latched fault (refused while a fault persists)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter")
+    p.set_defaults(func=_cmd_reset)
+    p = verbs.add_parser("status", help="operator: print the safety filter's state")
+    p.add_argument("--watch", type=float, default=0.0, help="keep printing for this many seconds")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a status message")
+    p.set_defaults(func=_cmd_status)
 
     p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
     p.set_defaults(func=_cmd_env)

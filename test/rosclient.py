@@ -26,6 +26,7 @@ class ArmClient:
         self.pub = self.node.create_publisher(Float64MultiArray, "/forward_velocity_controller/commands", qos)
         self.node.create_subscription(JointState, "/joint_states", self._on_state, qos)
         self.node.create_subscription(WrenchStamped, "/robot_wm/wrench", self._on_wrench, qos)
+        self._clients: dict = {}
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self._stop = threading.Event()
@@ -73,7 +74,11 @@ class ArmClient:
 
     def call(self, srv_type, name: str, request, timeout_s: float = 10.0):
         """Call a service and return its response (raises TimeoutError)."""
-        client = self.node.create_client(srv_type, name)
+        # one client per service for the whole test: creating and destroying a client per call
+        # while another thread spins can lose the response of a later call
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = self.node.create_client(srv_type, name)
         if not client.wait_for_service(timeout_sec=timeout_s):
             raise TimeoutError(f"service {name} not available")
         future = client.call_async(request)
@@ -82,7 +87,6 @@ class ArmClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"service {name} did not answer")
             time.sleep(0.01)
-        self.node.destroy_client(client)
         return future.result()
 
     def close(self) -> None:

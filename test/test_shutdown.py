@@ -22,6 +22,18 @@ def _fastdds_segments() -> set[str]:
     return {p.name for p in SHM.iterdir() if "fastdds" in p.name} if SHM.is_dir() else set()
 
 
+def _mapped_shm() -> set[str]:
+    """/dev/shm files some live process has mapped (other test runs may hold segments of their own)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+        mapped.update(line.rsplit("/", 1)[-1] for line in text.splitlines() if "/dev/shm/" in line)
+    return mapped
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -78,7 +90,8 @@ def test_clean_exit_on_signal(spawn, program, sig):
     assert "Traceback" not in out and "RCLError" not in out, out
     assert took < 2.0
     assert wait_for(lambda: not any(_alive(p) for p in descendants), 1.0), f"left running: {descendants}"
-    leftover = _fastdds_segments() - before
+    # orphans: segments that appeared during the run and that no live process still maps
+    leftover = (_fastdds_segments() - before) - _mapped_shm()
     assert not leftover, f"shared-memory segments left behind: {sorted(leftover)}"
 
 

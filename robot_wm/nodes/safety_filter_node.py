@@ -217,7 +217,11 @@ class SafetyFilterNode(LifecycleNode):
             response.success, response.message = False, "reset refused: the safety filter is not configured"
         else:
             response.success, response.message = self.supervisor.reset()
-        (self.get_logger().info if response.success else self.get_logger().warning)(response.message)
+        # one call site per severity: rclpy refuses a call site whose severity changes between calls
+        if response.success:
+            self.get_logger().info(response.message)
+        else:
+            self.get_logger().warning(response.message)
         return response
 
     # ---- the control period

@@ -1,0 +1,87 @@
+"""Operator commands without ROS tools: robot-wm estop | reset | status.
+
+They talk to the running safety filter over its services (/robot_wm/estop,
+/robot_wm/reset_estop: std_srvs/Trigger) and its status topic (/robot_wm/safety_status), on
+the same loopback-only DDS settings as every robot_wm process.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _with_node(fn, timeout_s: float):
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+
+    from robot_wm.rosenv import apply_loopback_dds
+
+    apply_loopback_dds()
+    context = Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node("robot_wm_operator", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    try:
+        return fn(node, executor, time.monotonic() + timeout_s)
+    finally:
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.shutdown(context=context)
+
+
+def call_trigger(service: str, timeout_s: float = 5.0) -> int:
+    """Call a std_srvs/Trigger service; print its answer; 0 on success, 1 refused, 2 unreachable."""
+    from std_srvs.srv import Trigger
+
+    def run(node, executor, deadline):
+        client = node.create_client(Trigger, service)
+        while not client.service_is_ready():
+            if time.monotonic() > deadline:
+                print(f"{service}: no safety filter answering (is the stack up? `robot-wm up`)", file=sys.stderr)
+                return 2
+            executor.spin_once(timeout_sec=0.05)
+        future = client.call_async(Trigger.Request())
+        while not future.done():
+            if time.monotonic() > deadline:
+                print(f"{service}: no answer within {timeout_s} s", file=sys.stderr)
+                return 2
+            executor.spin_once(timeout_sec=0.05)
+        result = future.result()
+        print(("OK: " if result.success else "REFUSED: ") + result.message)
+        return 0 if result.success else 1
+
+    return _with_node(run, timeout_s)
+
+
+def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
+    """Print the safety filter's state (once, or every 0.5 s for ``seconds``); 2 if none arrives."""
+    from robot_wm.msg import SafetyStatus
+
+    def run(node, executor, deadline):
+        latest: list[SafetyStatus] = []
+        node.create_subscription(SafetyStatus, "/robot_wm/safety_status", latest.append, 10)
+        end = None
+        last_print = 0.0
+        while True:
+            executor.spin_once(timeout_sec=0.05)
+            now = time.monotonic()
+            if not latest:
+                if now > deadline:
+                    print("no /robot_wm/safety_status: is the stack up? (`robot-wm up`)", file=sys.stderr)
+                    return 2
+                continue
+            end = end or now + seconds
+            if now - last_print >= 0.5:
+                s = latest[-1]
+                active = ", ".join(s.active_constraints) or "-"
+                reason = f"  reason: {s.fault_reason}" if s.fault_reason else ""
+                print(f"safety: {s.state_text:<9} active: {active}  intervention {s.intervention_norm:.3f} rad/s  "
+                      f"solve {s.solve_time_s * 1e6:.0f} us ({s.iterations} it){reason}", flush=True)
+                last_print = now
+                latest[:] = latest[-1:]
+            if now >= end:
+                return 0
+
+    return _with_node(run, timeout_s + seconds)

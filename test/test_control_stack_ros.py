@@ -1,0 +1,165 @@
+"""The control path end to end on the embedded arm, in separate processes: the safety filter is
+the only publisher of hardware commands; e-stop, reset and the watchdogs measured on the arm."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+from std_msgs.msg import Float64MultiArray
+from std_srvs.srv import Trigger
+
+from robot_wm import graph
+from robot_wm.supervisor import command_for
+
+from conftest import PYTHON, wait_for
+from rosclient import ArmClient
+
+pytestmark = pytest.mark.ros
+SPECS = {s.name: s for s in graph.plan("mujoco") if not s.needs_ros_install}
+
+
+class NominalSource:
+    """Publish a (changeable) nominal command on /robot_wm/action_nominal at 100 Hz from a thread."""
+
+    def __init__(self, client: ArmClient) -> None:
+        self.pub = client.node.create_publisher(Float64MultiArray, "/robot_wm/action_nominal", 10)
+        self.value = [0.0] * 6
+        self.commands: list[tuple[float, np.ndarray]] = []
+        client.node.create_subscription(Float64MultiArray, "/forward_velocity_controller/commands",
+                                        lambda m: self.commands.append((time.monotonic(), np.array(m.data))), 10)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.pub.publish(Float64MultiArray(data=[float(v) for v in self.value]))
+            time.sleep(0.01)
+
+    def commands_since(self, t0: float) -> list[tuple[float, np.ndarray]]:
+        return [c for c in list(self.commands) if c[0] >= t0]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
+@pytest.fixture
+def stack(spawn, ros_context):
+    """arm_sim + safety_filter (with the shipped world model) as processes; nominal from the test."""
+    arm = spawn(command_for(SPECS["arm_sim"]))
+    filt = spawn(command_for(SPECS["safety_filter"]))
+    client = ArmClient(ros_context)
+    source = NominalSource(client)
+    try:
+        assert client.wait_for_state(60.0), arm.output()
+        assert wait_for(lambda: "safety filter active" in filt.output(), 60.0), filt.output()
+        yield arm, filt, client, source
+    finally:
+        source.close()
+        client.close()
+
+
+def _moving(client, tol=0.05):
+    latest = client.latest()
+    return latest is not None and np.abs(latest[2]).max() > tol
+
+
+def _at_rest(client, tol=0.01):
+    latest = client.latest()
+    return latest is not None and np.abs(latest[2]).max() < tol
+
+
+def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
+    _, filt, client, source = stack
+    source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert wait_for(lambda: _moving(client), 5.0), filt.output()
+    t_request = time.monotonic()
+    resp = client.call(Trigger, "/robot_wm/estop", Trigger.Request())
+    t_response = time.monotonic()
+    assert resp.success, resp.message
+    after = source.commands_since(t_response)
+    assert wait_for(lambda: len(source.commands_since(t_response)) > 0, 1.0)
+    first_zero = next(t for t, u in source.commands_since(t_request) if np.all(u == 0.0))
+    assert first_zero - t_request < 0.1  # published from the service callback itself (one period = 10 ms)
+    assert wait_for(lambda: _at_rest(client), 0.3), f"arm not at rest 300 ms after e-stop: {client.latest()[2]}"
+    # adversarial nominal commands while latched: every command stays exactly zero
+    source.value = [1.5, -1.5, 1.5, 2.0, -2.0, 2.0]
+    time.sleep(1.0)
+    after = source.commands_since(t_response)
+    assert len(after) > 50 and all(np.all(u == 0.0) for _, u in after)
+    assert _at_rest(client)
+    # reset is refused while a fault persists (non-finite nominal) and accepted once inputs are healthy
+    source.value = [float("nan")] * 6
+    time.sleep(0.1)
+    try:
+        resp = client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
+    except TimeoutError:
+        pytest.fail("reset_estop did not answer; filter output:\n" + filt.output()[-3000:])
+    assert not resp.success and "fault persists" in resp.message
+    source.value = [0.3, 0.0, 0.0, 0.0, 0.0, 0.0]
+    time.sleep(0.1)
+    resp = client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
+    assert resp.success, resp.message
+    assert wait_for(lambda: _moving(client), 3.0), "arm did not resume after reset"
+
+
+def test_operator_cli_estop_status_and_reset(stack):
+    _, _, client, source = stack
+    source.value = [0.0, 0.0, 0.3, 0.0, 0.0, 0.0]
+    assert wait_for(lambda: _moving(client), 5.0)
+    run = lambda *verb: subprocess.run([PYTHON, "-m", "robot_wm.cli", *verb], capture_output=True, text=True, timeout=60)  # noqa: E731
+    out = run("estop")
+    assert out.returncode == 0 and out.stdout.startswith("OK"), out.stdout + out.stderr
+    assert wait_for(lambda: _at_rest(client), 0.5)
+    status = run("status")
+    assert status.returncode == 0 and "ESTOP" in status.stdout, status.stdout + status.stderr
+    out = run("reset")
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run("reset")
+    assert out.returncode == 1 and "nothing to reset" in out.stdout
+
+
+def test_nominal_source_dying_stops_the_arm_within_a_few_periods(stack):
+    _, _, client, source = stack
+    source.value = [0.5, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    source.close()  # the policy "dies": no more nominal commands
+    t_dead = time.monotonic()
+    assert wait_for(lambda: _at_rest(client), 1.0), f"still moving 1 s after the nominal stopped: {client.latest()[2]}"
+    stopped_after = client.latest()[0] - t_dead
+    # stale after 5 periods (50 ms), then a controlled stop at 10 rad/s^2 from 0.5 rad/s: ~100 ms
+    assert stopped_after < 0.4
+    time.sleep(0.5)
+    commands = source.commands_since(t_dead + 0.3)  # the filter keeps commanding: zero
+    assert commands and all(np.all(u == 0.0) for _, u in commands)
+
+
+def test_killing_the_filter_stops_the_arm_through_its_own_timeout(stack):
+    _, filt, client, source = stack
+    source.value = [0.0, 0.4, -0.4, 0.0, 0.0, 0.0]
+    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    filt.process.send_signal(signal.SIGKILL)  # no goodbye command: only the driver's timeout is left
+    t_kill = time.monotonic()
+    assert wait_for(lambda: _at_rest(client), 2.0), f"arm still moving 2 s after the filter died: {client.latest()[2]}"
+    # 50 ms driver timeout + a controlled deceleration from 0.4 rad/s: ~0.1 s; generous for a loaded CI box
+    assert client.latest()[0] - t_kill < 1.0
+
+
+@pytest.mark.parametrize("bad", [[0.1] * 5, [0.1, float("nan"), 0, 0, 0, 0]], ids=["wrong_length", "nan"])
+def test_malformed_nominal_stops_the_arm_with_a_clear_status(stack, bad):
+    from robot_wm.msg import SafetyStatus
+
+    _, _, client, source = stack
+    statuses: list[SafetyStatus] = []
+    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    source.value = bad
+    assert wait_for(lambda: _at_rest(client), 1.0)
+    assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 1.0)
+    assert "u_nominal_radps" in statuses[-1].fault_reason
