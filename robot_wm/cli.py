@@ -79,9 +79,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from robot_wm.demo import run_demo
+    out = Path(args.out) if args.out else None
+    if args.scripted:
+        from robot_wm.demo import run_demo
 
-    return run_demo(profile=args.profile, out_dir=Path(args.out) if args.out else None)
+        return run_demo(profile=args.profile, out_dir=out)
+    from robot_wm.stack_demo import run_stack_demo
+
+    return run_stack_demo(profile=args.profile, duration_s=args.duration, out_dir=out, composed=args.composed)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -138,8 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process (lowest latency)")
     p.set_defaults(func=_cmd_up)
 
-    p = verbs.add_parser("demo", help="the main job: the stack on the embedded arm with a live status line and a summary")
+    p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of the run (push at 40 %%, e-stop at 70 %%)")
+    p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process")
+    p.add_argument("--scripted", action="store_true", help="instead: the arm alone under a scripted velocity sequence")
     p.add_argument("--out", default="out/demo", help="directory for the summary (and report) files")
     p.set_defaults(func=_cmd_demo)
 

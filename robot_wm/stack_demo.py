@@ -1,0 +1,373 @@
+"""`robot-wm demo` (and `make demo`): the whole stack on the embedded MuJoCo arm.
+
+The node graph of config/graph.yaml runs as `robot-wm up` starts it: the embedded arm, the
+safety filter (the only publisher of hardware commands), the world model, the learned policy and
+the goal sequencer. This process only watches and acts as the operator: about a minute of goals,
+then a push from the fault injector, more goals, an e-stop, a reset and more goals, with a live
+status line. At the end a summary measured on the arm's actual /joint_states and a PNG report
+(joint trajectories with limits, tool speed vs its limit, filter interventions, prediction error).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from robot_wm.graph import plan
+from robot_wm.rosenv import loopback_env
+from robot_wm.supervisor import Supervisor
+
+TOOL_SPEED_TOLERANCE_MPS = 0.1  # velocity-loop lag/overshoot above the filter's commanded limit
+JOINT_LIMIT_TOLERANCE_RAD = 0.01  # the drive's lag lets a joint coast this far past a soft limit at most
+PUSH_WINDOW_S = 1.0  # an external push moves the arm faster than any command: not counted against the filter
+
+
+@dataclass
+class StackDemoSummary:
+    """What the stack demo measured."""
+
+    profile: str
+    duration_s: float
+    goals_reached: int
+    goals_timed_out: int
+    time_to_goal_s_median: float | None
+    joint_limit_violations: int
+    max_limit_overshoot_rad: float
+    max_tool_speed_mps: float
+    max_tool_speed_during_push_mps: float
+    tool_speed_limit_mps: float
+    estop_to_rest_s: float | None
+    resumed_after_reset: bool
+    filter_states: dict[str, int]
+    active_constraints: dict[str, int]
+    qp_solve_us_p50: float
+    qp_solve_us_p99: float
+    prediction_error_qdot_radps_median: float | None
+    joint_states_hz: float
+    events: list[str] = field(default_factory=list)
+    passed: bool = False
+
+
+class _Monitor:
+    """Records everything the summary and the report need (runs in an executor thread)."""
+
+    def __init__(self, node, joint_names) -> None:
+        from geometry_msgs.msg import PointStamped
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import String
+
+        from robot_wm.msg import SafetyStatus, WorldModelPrediction
+        from robot_wm.nodes.conversions import InputError, joint_state_arrays, stamp_to_s
+
+        self.lock = threading.Lock()
+        self.js: list[tuple[float, np.ndarray, np.ndarray]] = []
+        self.status: list[tuple[float, int, str, float, float, tuple[str, ...]]] = []
+        self.pred_err: list[tuple[float, float]] = []
+        self.events: list[tuple[float, str]] = []
+        self.goal: np.ndarray | None = None
+        self._pending_pred: tuple[float, np.ndarray] | None = None
+        self._joint_names = joint_names
+
+        def on_js(msg):
+            try:
+                q, qd = joint_state_arrays(msg, joint_names)
+            except InputError:
+                return
+            now = time.monotonic()
+            stamp = stamp_to_s(msg.header.stamp)
+            with self.lock:
+                self.js.append((now, q, qd))
+                # the prediction made at stamp t is for the state one period (dt) later: compare by stamps
+                if self._pending_pred is not None and stamp >= self._pending_pred[0]:
+                    self.pred_err.append((now, float(np.abs(self._pending_pred[1] - qd).max())))
+                    self._pending_pred = None
+
+        def on_status(msg):
+            with self.lock:
+                self.status.append((time.monotonic(), msg.state, msg.state_text, msg.intervention_norm, msg.solve_time_s,
+                                    tuple(msg.active_constraints)))
+
+        def on_pred(msg):
+            with self.lock:
+                if self._pending_pred is None:
+                    self._pending_pred = (stamp_to_s(msg.header.stamp) + msg.dt_s, np.array(msg.velocity_radps))
+
+        def on_goal(msg):
+            self.goal = np.array([msg.point.x, msg.point.y, msg.point.z])
+
+        node.create_subscription(JointState, "/joint_states", on_js, 10)
+        node.create_subscription(SafetyStatus, "/robot_wm/safety_status", on_status, 10)
+        node.create_subscription(WorldModelPrediction, "/robot_wm/prediction", on_pred, 10)
+        node.create_subscription(PointStamped, "/robot_wm/goal", on_goal, 10)
+        node.create_subscription(String, "/goal_sequencer/events", lambda m: self.event(m.data), 10)
+
+    def event(self, text: str) -> None:
+        with self.lock:
+            self.events.append((time.monotonic(), text))
+
+
+def _call(node, srv_type, name: str, request, timeout_s: float = 5.0):
+    client = node.create_client(srv_type, name)
+    if not client.wait_for_service(timeout_sec=timeout_s):
+        raise TimeoutError(f"{name} not available")
+    future = client.call_async(request)
+    deadline = time.monotonic() + timeout_s
+    while not future.done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} did not answer")
+        time.sleep(0.01)
+    return future.result()
+
+
+def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path | None = Path("out/demo"),
+                   composed: bool = False, live: bool | None = None) -> int:
+    """Run the stack demo; 0 when it passed (goals reached, no limit violated, e-stop worked)."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
+    from std_srvs.srv import Trigger
+
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+    from robot_wm.core.safety import load_safety_limits
+    from robot_wm.srv import InjectFault
+
+    live = sys.stdout.isatty() if live is None else live
+    env = loopback_env()
+    os.environ.update(env)
+    urdf = description.expand()
+    names = list(description.joint_limits(urdf).names)
+    kin = Kinematics(urdf, names)
+    limits = load_safety_limits()
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    # the operator's timeline, as fractions of the run
+    t_push, t_estop, t_reset = 0.40 * duration_s, 0.70 * duration_s, 0.70 * duration_s + 3.0
+    print(f"robot_wm demo: the whole stack on the embedded MuJoCo arm (profile {profile}"
+          f"{', composed' if composed else ''}) for {duration_s:.0f} s: goals, a push at {t_push:.0f} s, "
+          f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
+    supervisor = Supervisor(plan("mujoco", overrides={"profile": profile}, composed=composed), env)
+    context = Context()
+    rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)
+    node = rclpy.create_node("robot_wm_demo", context=context)
+    mon = _Monitor(node, names)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    spinner = threading.Thread(target=lambda: [executor.spin_once(timeout_sec=0.05) for _ in iter(lambda: stop.is_set() or not context.ok(), True)], daemon=True)
+    code = 1
+    t0 = None
+    estop_at = reset_ok = None
+    try:
+        supervisor.start()
+        spinner.start()
+        deadline = time.monotonic() + 60.0
+        while not (mon.status and mon.status[-1][2] in ("OK", "FILTERING")):
+            if stop.is_set() or supervisor.failed() or time.monotonic() > deadline:
+                print("the stack did not come up (see the node logs above)", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        pushed = estopped = reset_done = False
+        last_print = 0.0
+        while not stop.is_set():
+            now = time.monotonic() - t0
+            if now >= duration_s:
+                break
+            if supervisor.failed():
+                print(f"\nnode process exited: {[c.spec.name for c in supervisor.failed()]}", file=sys.stderr)
+                return 1
+            if not pushed and now >= t_push:
+                pushed = True
+                resp = _call(node, InjectFault, "/arm_sim/inject_fault",
+                             InjectFault.Request(kind="push", force_n=[0.0, 60.0, -40.0], duration_s=0.3))
+                mon.event(f"operator: push 72 N at the tool for 0.3 s ({resp.message})")
+            if not estopped and now >= t_estop:
+                estopped = True
+                estop_at = time.monotonic()
+                resp = _call(node, Trigger, "/robot_wm/estop", Trigger.Request())
+                mon.event(f"operator: e-stop ({resp.message})")
+            if estopped and not reset_done and now >= t_reset:
+                reset_done = True
+                resp = _call(node, Trigger, "/robot_wm/reset_estop", Trigger.Request())
+                reset_ok = resp.success
+                mon.event(f"operator: reset ({resp.message})")
+            if now - last_print >= (0.2 if live else 2.0):
+                line = _status_line(mon, kin, now)
+                print("\r" + line if live else line, end="" if live else "\n", flush=True)
+                last_print = now
+            time.sleep(0.05)
+        if live:
+            print()
+        if stop.is_set():
+            print("interrupted")
+            return 130
+        summary = _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok)
+        _print_summary(summary)
+        if out_dir is not None:
+            out_dir = Path(out_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "stack_demo_summary.json").write_text(json.dumps(asdict(summary), indent=2))
+            png = _report(mon, kin, limits, names, t0, out_dir / "stack_demo_report.png")
+            print(f"summary: {out_dir / 'stack_demo_summary.json'}   report: {png}")
+        code = 0 if summary.passed else 1
+    finally:
+        stop.set()
+        supervisor.stop()
+        spinner.join(timeout=2.0)
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        if context.ok():
+            rclpy.shutdown(context=context)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def _status_line(mon: _Monitor, kin, now: float) -> str:
+    with mon.lock:
+        js = mon.js[-1] if mon.js else None
+        recent = sum(1 for t, *_ in mon.js[-600:] if t > time.monotonic() - 1.0)
+        status = mon.status[-1] if mon.status else None
+        interventions = sum(1 for s in mon.status if s[1] == 1)
+        err = mon.pred_err[-1][1] if mon.pred_err else float("nan")
+    if js is None or status is None:
+        return f"t={now:5.1f}s  waiting"
+    tool = kin.tool_position_m(js[1])
+    dist = np.linalg.norm(tool - mon.goal) * 1e3 if mon.goal is not None else float("nan")
+    return (f"t={now:5.1f}s  js {recent:3d} Hz  goal err {dist:6.1f} mm  filter {status[2]:<9} "
+            f"interventions {interventions:5d}  pred err {err:.3f} rad/s   ")
+
+
+def _tool_speeds(mon: _Monitor, kin) -> tuple[np.ndarray, np.ndarray]:
+    """Tool speed |J(q) q̇| from the measured joint states (receive times jitter too much to differentiate)."""
+    with mon.lock:
+        js = list(mon.js)
+    t = np.array([x[0] for x in js])
+    speed = np.array([np.linalg.norm(kin.tool_linear_velocity_mps(x[1], x[2])) for x in js])
+    return t, speed
+
+
+def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) -> StackDemoSummary:
+    with mon.lock:
+        js = list(mon.js)
+        status = list(mon.status)
+        events = [(t - t0, e) for t, e in mon.events]
+    q = np.array([x[1] for x in js])
+    over = np.maximum(q - np.asarray(limits.upper_rad), np.asarray(limits.lower_rad) - q)
+    violations = int(np.sum(over > JOINT_LIMIT_TOLERANCE_RAD))
+    t_speed, speed = _tool_speeds(mon, kin)
+    push_at = next((t for t, e in mon.events if e.startswith("operator: push")), None)
+    in_push = (t_speed >= push_at) & (t_speed < push_at + PUSH_WINDOW_S) if push_at is not None else np.zeros(len(t_speed), bool)
+    states = Counter(s[2] for s in status)
+    active = Counter(c for s in status for c in s[5])
+    solve = np.array([s[4] for s in status if s[4] > 0]) * 1e6
+    reached = [e for _, e in events if "reached" in e]
+    times = [float(e.split(" in ")[1].split(" s")[0]) for e in reached]
+    timed_out = sum(1 for _, e in events if "timed out" in e)
+    estop_to_rest = None
+    if estop_at is not None:
+        after = [(t, np.abs(qd).max()) for t, _, qd in js if t >= estop_at]
+        rest = next((t for t, v in after if v < 0.01), None)
+        estop_to_rest = None if rest is None else rest - estop_at
+    reset_at = next((t for t, e in events if e.startswith("operator: reset")), None)
+    resumed = bool(reset_ok) and reset_at is not None and any(
+        np.abs(qd).max() > 0.05 for t, _, qd in js if t - t0 > reset_at + 0.2)
+    pred = np.array([e for _, e in mon.pred_err])
+    t_js = np.array([x[0] for x in js])
+    summary = StackDemoSummary(
+        profile=profile, duration_s=duration_s, goals_reached=len(reached), goals_timed_out=timed_out,
+        time_to_goal_s_median=float(np.median(times)) if times else None, joint_limit_violations=violations,
+        max_limit_overshoot_rad=float(max(over.max(), 0.0)) if len(over) else 0.0,
+        max_tool_speed_mps=float(speed[~in_push].max()) if (~in_push).any() else 0.0,
+        max_tool_speed_during_push_mps=float(speed[in_push].max()) if in_push.any() else 0.0,
+        tool_speed_limit_mps=limits.tool_speed_max_mps,
+        estop_to_rest_s=estop_to_rest, resumed_after_reset=resumed, filter_states=dict(states),
+        active_constraints=dict(active.most_common()),
+        qp_solve_us_p50=float(np.percentile(solve, 50)) if len(solve) else 0.0,
+        qp_solve_us_p99=float(np.percentile(solve, 99)) if len(solve) else 0.0,
+        prediction_error_qdot_radps_median=float(np.median(pred)) if len(pred) else None,
+        joint_states_hz=float(len(t_js) / max(t_js[-1] - t_js[0], 1e-9)) if len(t_js) > 1 else 0.0,
+        events=[f"{t:6.2f} s  {e}" for t, e in events],
+    )
+    summary.passed = bool(
+        summary.goals_reached >= max(1, 0.6 * (summary.goals_reached + summary.goals_timed_out))
+        and violations == 0
+        and summary.max_tool_speed_mps <= limits.tool_speed_max_mps + TOOL_SPEED_TOLERANCE_MPS
+        and estop_to_rest is not None and estop_to_rest < 0.3 and resumed
+    )
+    return summary
+
+
+def _print_summary(s: StackDemoSummary) -> None:
+    print("---- summary (measured on the arm's /joint_states) ----")
+    for line in s.events:
+        print("  " + line)
+    ttg = "-" if s.time_to_goal_s_median is None else f"{s.time_to_goal_s_median:.2f} s"
+    print(f"goals reached {s.goals_reached}, timed out {s.goals_timed_out}, median time to goal {ttg}")
+    print(f"joint-limit violations {s.joint_limit_violations} (beyond the safety limits + {JOINT_LIMIT_TOLERANCE_RAD} rad; "
+          f"max overshoot {s.max_limit_overshoot_rad * 1e3:.1f} mrad)")
+    print(f"max tool speed {s.max_tool_speed_mps:.3f} m/s (limit {s.tool_speed_limit_mps} m/s + {TOOL_SPEED_TOLERANCE_MPS} m/s "
+          f"tracking tolerance); during the push {s.max_tool_speed_during_push_mps:.3f} m/s")
+    rest = "never" if s.estop_to_rest_s is None else f"{s.estop_to_rest_s * 1e3:.0f} ms"
+    print(f"e-stop -> arm at rest (|q̇| < 0.01 rad/s) after {rest}; resumed after reset: {s.resumed_after_reset}")
+    print(f"filter states {s.filter_states}")
+    print(f"active constraints {dict(list(s.active_constraints.items())[:8])}")
+    print(f"QP solve p50 {s.qp_solve_us_p50:.0f} us, p99 {s.qp_solve_us_p99:.0f} us; /joint_states {s.joint_states_hz:.0f} Hz")
+    if s.prediction_error_qdot_radps_median is not None:
+        print(f"world-model one-step velocity error (max over joints), median {s.prediction_error_qdot_radps_median:.4f} rad/s")
+    print("PASS" if s.passed else "FAIL")
+
+
+def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with mon.lock:
+        js = list(mon.js)
+        status = list(mon.status)
+        pred = list(mon.pred_err)
+        events = list(mon.events)
+    t = np.array([x[0] for x in js]) - t0
+    q = np.array([x[1] for x in js])
+    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
+    ax = axes[0]
+    for i, name in enumerate(names):
+        line, = ax.plot(t, q[:, i], lw=1, label=name)
+        ax.axhline(limits.upper_rad[i], color=line.get_color(), ls=":", lw=0.8)
+        ax.axhline(limits.lower_rad[i], color=line.get_color(), ls=":", lw=0.8)
+    ax.set_ylabel("joint position (rad)")
+    ax.set_title("joint trajectories (dotted: safety limits)")
+    ax.legend(ncol=3, fontsize=7, loc="upper right")
+    ts, speed = _tool_speeds(mon, kin)
+    axes[1].plot(ts - t0, speed, lw=0.8)
+    axes[1].axhline(limits.tool_speed_max_mps, color="r", ls="--", label="limit")
+    axes[1].set_ylabel("tool speed (m/s)")
+    axes[1].legend(fontsize=8)
+    st = np.array([s[0] for s in status]) - t0
+    axes[2].plot(st, [s[3] for s in status], lw=0.8, label="|u_safe - u_nominal| (rad/s)")
+    axes[2].step(st, [s[1] for s in status], where="post", lw=0.8, label="state (0 OK, 1 FILTERING, 2 STOPPING, 3 STOPPED, 4 ESTOP, 5 FAULT)")
+    axes[2].set_ylabel("safety filter")
+    axes[2].legend(fontsize=7)
+    if pred:
+        axes[3].plot(np.array([p[0] for p in pred]) - t0, [p[1] for p in pred], lw=0.6)
+    axes[3].set_ylabel("prediction error (rad/s)")
+    axes[3].set_xlabel("time (s)")
+    for ax in axes:
+        for te, text in events:
+            if text.startswith("operator"):
+                ax.axvline(te - t0, color="k", lw=0.8, alpha=0.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
