@@ -21,10 +21,8 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.context import Context
-from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
@@ -39,59 +37,48 @@ from robot_wm.core.safety import (
     load_safety_limits,
 )
 from robot_wm.msg import SafetyStatus, TrustState
-from robot_wm.nodes.conversions import InputError, joint_state_arrays
+from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 
 _TARE_S = 0.3  # wrench samples averaged at start-up (no contact assumed) to remove payload weight and bias
 
 
-class SafetyFilterNode(LifecycleNode):
+class SafetyFilterNode(ControlNode):
     """Filter the nominal command through the CBF-QP each period and publish the hardware command."""
 
     def __init__(self, context: Context | None = None, node_name: str = "safety_filter") -> None:
         super().__init__(node_name, context=context)
-        self.period_s = declare(self, "control_period_s", 0.01, "control period (s)", range_=(0.002, 0.1), read_only=True)
-        self.stale_s = declare(self, "stale_after_s", 0.05, "joint state / nominal older than this (s) is stale", range_=(0.001, 1.0), read_only=True)
         self.model_path = declare(self, "world_model_path", "", "world model .onnx (empty: models/world_model.onnx of the package)", read_only=True)
         self.require_model = declare(self, "require_model", True, "a missing world model is a fault (else: kinematic model)", read_only=True)
         self.latch_faults = declare(self, "latch_faults", True, "faults stop the arm until /robot_wm/reset_estop", read_only=True)
         self.default_level = declare(self, "default_trust_level", 0, "trust level until a TrustState arrives (TrustState LEVEL_*)", range_=(0, 4), read_only=True)
         self.default_phase = declare(self, "default_phase", 0, "phase until a TrustState arrives (TrustState PHASE_*)", range_=(0, 2), read_only=True)
         self.trust_timeout_s = declare(self, "trust_timeout_s", 1.0, "a TrustState older than this falls back to the default (s)", range_=(0.05, 60.0), read_only=True)
-        self.joint_names = list(declare(self, "joint_names", [""], "joint order of commands", read_only=True))
-        states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState input", read_only=True)
         nominal_topic = declare(self, "nominal_topic", "/robot_wm/action_nominal", "the policy's command (rad/s)", read_only=True)
         self.command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands", "hardware command output (rad/s)", read_only=True)
         wrench_topic = declare(self, "wrench_topic", "/robot_wm/wrench", "wrist F/T (N, N*m)", read_only=True)
-        self.autostart = declare(self, "autostart", True, "configure and activate on start-up", read_only=True)
         self.limits = self._declare_limits()
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
         self.kin = None
         self.supervisor: SafetySupervisor | None = None
         self.runner = None
-        self._timer = None
         self._cmd_pub = None
         self._status_pub = None
         self._diag_pub = None
-        self._state: tuple[float, np.ndarray, np.ndarray] | None = None
         self._nominal: tuple[float, np.ndarray] | None = None
         self._trust: tuple[float, int, int] | None = None
         self._force_sensor: np.ndarray | None = None
         self._tare: list[np.ndarray] = []
         self._tare_base: np.ndarray | None = None
-        self._input_fault: str | None = None
         self._started = False
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(JointState, states_topic, self._on_state, qos)
         self.create_subscription(Float64MultiArray, nominal_topic, self._on_nominal, qos)
         self.create_subscription(WrenchStamped, wrench_topic, self._on_wrench, qos)
         self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
         self.create_service(Trigger, "/robot_wm/estop", self._on_estop)
         self.create_service(Trigger, "/robot_wm/reset_estop", self._on_reset)
-        if self.autostart:
-            self._autostart_timer = self.create_timer(0.0, self._autostart)
 
     # ---- parameters: limits may only get safer at run time
     def _declare_limits(self) -> SafetyLimits:
@@ -124,11 +111,6 @@ class SafetyFilterNode(LifecycleNode):
         return SetParametersResult(successful=True)
 
     # ---- lifecycle
-    def _autostart(self) -> None:
-        self._autostart_timer.cancel()
-        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
-            self.trigger_activate()
-
     def on_configure(self, state: State) -> TransitionCallbackReturn:
         from robot_wm import description
         from robot_wm.core.kinematics import Kinematics
@@ -169,30 +151,16 @@ class SafetyFilterNode(LifecycleNode):
             self.supervisor.request_estop("e-stop carried over a limits change")
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
-        self._timer = self.create_timer(self.period_s, self._on_tick)
         self.create_timer(1.0, self._publish_diagnostics)
         self.get_logger().info(f"safety filter active at {1.0 / self.period_s:.0f} Hz; sole publisher of {self.command_topic}")
         return super().on_activate(state)
 
     def on_deactivate(self, state: State) -> TransitionCallbackReturn:
-        if self._timer is not None:
-            self.destroy_timer(self._timer)
-            self._timer = None
         if self._cmd_pub is not None:
             self._cmd_pub.publish(Float64MultiArray(data=[0.0] * len(self.joint_names)))
         return super().on_deactivate(state)
 
     # ---- inputs
-    def _on_state(self, msg: JointState) -> None:
-        try:
-            q, qdot = joint_state_arrays(msg, self.joint_names if self.joint_names != [""] else list(msg.name))
-        except InputError as exc:
-            self._input_fault = str(exc)
-            self.get_logger().error(f"bad joint state: {exc}", throttle_duration_sec=1.0)
-            return
-        self._input_fault = None
-        self._state = (time.monotonic(), q, qdot)
-
     def _on_nominal(self, msg: Float64MultiArray) -> None:
         # kept as received: a wrong length or NaN reaches the filter, which stops the arm and says why
         self._nominal = (time.monotonic(), np.asarray(msg.data, dtype=float))
@@ -244,12 +212,16 @@ class SafetyFilterNode(LifecycleNode):
         factors = self.limits.scale_for(level, phase)
         return factors.speed, factors.acceleration
 
-    def _on_tick(self) -> None:
+    def control_step(self) -> None:
+        """One period: filter the nominal command and publish the hardware command and status."""
         now = time.monotonic()
-        if self._state is None:
+        if self.state is None and self.state_error is None:
             self._publish(np.zeros(len(self.joint_names)), None, "waiting for /joint_states")
             return
-        received_s, q, qdot = self._state
+        if self.state is None:  # only malformed joint states so far
+            self._publish(np.zeros(len(self.joint_names)), None, f"bad joint state: {self.state_error}")
+            return
+        received_s, q, qdot = self.state
         if not self._started:
             if self._nominal is None:
                 self._publish(np.zeros(len(self.joint_names)), None, "waiting for the nominal command")
@@ -266,14 +238,14 @@ class SafetyFilterNode(LifecycleNode):
         speed, accel = self._scale(now)
         inp = FilterInput(q_rad=q, qdot_radps=qdot, u_nominal_radps=u_nom, model=model, force_n=self._force_base(q),
                           trust_scale=speed, accel_scale=accel, input_age_periods=max(state_age, nominal_age))
-        if self._input_fault is not None:
+        if self.state_error is not None:
             # the latest joint state was unusable: hand the filter a non-finite state so it takes its
             # fault path (controlled stop from the last good velocity); the status names the real cause
             inp = FilterInput(q_rad=np.full(6, np.nan), qdot_radps=qdot, u_nominal_radps=u_nom, input_age_periods=0.0)
         out = self.supervisor.step(inp)
         if self.runner is not None:
             self.runner.commit(out.u_safe_radps)
-        reason = f"bad joint state: {self._input_fault}" if self._input_fault else out.reason
+        reason = f"bad joint state: {self.state_error}" if self.state_error else out.reason
         self._publish(out.u_safe_radps, out, reason)
 
     def _publish(self, u: np.ndarray, out, reason: str) -> None:

@@ -14,50 +14,34 @@ import time
 import numpy as np
 from geometry_msgs.msg import Point
 from rclpy.context import Context
-from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from visualization_msgs.msg import Marker
 
 from robot_wm.msg import WorldModelPrediction
-from robot_wm.nodes.conversions import InputError, joint_state_arrays, vector
+from robot_wm.nodes.control_node import ControlNode
+from robot_wm.nodes.conversions import InputError, vector
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 
 
-class WorldModelNode(LifecycleNode):
+class WorldModelNode(ControlNode):
     """Predict the next joint state each control period from the state and the command sent."""
 
     def __init__(self, context: Context | None = None, node_name: str = "world_model") -> None:
         super().__init__(node_name, context=context)
         self.model_path = declare(self, "model_path", "", "world model .onnx (empty: models/world_model.onnx of the package)", read_only=True)
-        self.period_s = declare(self, "control_period_s", 0.01, "prediction period (s)", range_=(0.002, 0.1), read_only=True)
-        self.stale_s = declare(self, "stale_after_s", 0.05, "inputs older than this (s) are not used", range_=(0.001, 1.0), read_only=True)
         self.forecast_steps = declare(self, "forecast_steps", 0, "periods of the tool-path forecast marker (0: off)", range_=(0, 200), read_only=True)
-        self.joint_names = list(declare(self, "joint_names", [""], "joint order", read_only=True))
-        states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState input", read_only=True)
         command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands", "the command sent to the hardware", read_only=True)
         self.base_frame = declare(self, "base_frame", "base_link", "frame of the forecast marker", read_only=True)
-        self.autostart = declare(self, "autostart", True, "configure and activate on start-up", read_only=True)
         self.runner = None
         self.kin = None
-        self._timer = None
         self._pred_pub = None
         self._marker_pub = None
-        self._state: tuple[float, np.ndarray, np.ndarray] | None = None
         self._command: tuple[float, np.ndarray] | None = None
-        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(JointState, states_topic, self._on_state, qos)
-        self.create_subscription(Float64MultiArray, command_topic, self._on_command, qos)
-        if self.autostart:
-            self._autostart_timer = self.create_timer(0.0, self._autostart)
-
-    def _autostart(self) -> None:
-        self._autostart_timer.cancel()
-        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
-            self.trigger_activate()
+        self.create_subscription(Float64MultiArray, command_topic, self._on_command,
+                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
 
     def on_configure(self, state: State) -> TransitionCallbackReturn:
         from robot_wm import description
@@ -85,23 +69,7 @@ class WorldModelNode(LifecycleNode):
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
         self.runner.reset()
-        self._timer = self.create_timer(self.period_s, self._on_tick)
         return super().on_activate(state)
-
-    def on_deactivate(self, state: State) -> TransitionCallbackReturn:
-        if self._timer is not None:
-            self.destroy_timer(self._timer)
-            self._timer = None
-        return super().on_deactivate(state)
-
-    def _on_state(self, msg: JointState) -> None:
-        try:
-            q, qdot = joint_state_arrays(msg, self.joint_names if self.joint_names != [""] else list(msg.name))
-        except InputError as exc:
-            self._state = None
-            self.get_logger().error(f"ignoring joint state: {exc}", throttle_duration_sec=1.0)
-            return
-        self._state = (time.monotonic(), q, qdot)
 
     def _on_command(self, msg: Float64MultiArray) -> None:
         try:
@@ -109,13 +77,13 @@ class WorldModelNode(LifecycleNode):
         except InputError as exc:
             self.get_logger().error(f"ignoring command: {exc}", throttle_duration_sec=1.0)
 
-    def _on_tick(self) -> None:
-        if self._state is None or self.runner is None:
-            return
+    def control_step(self) -> None:
+        """Predict the next state from the latest one and the command sent; publish it."""
         now = time.monotonic()
-        received_s, q, qdot = self._state
-        if now - received_s > self.stale_s:
+        state = self.fresh_state(now)
+        if state is None or self.runner is None:
             return
+        q, qdot = state
         # the hardware holds zero once commands stop (driver timeout): predict that, not the last command
         command = self._command[1] if self._command and now - self._command[0] <= self.stale_s else np.zeros(6)
         pred = self.runner.predict(q, qdot, command)

@@ -1,0 +1,76 @@
+"""Common base of the control-path lifecycle nodes (policy, world_model, safety_filter).
+
+What they share: ``autostart`` (configure + activate at start-up, so no lifecycle manager is
+needed), the latest joint state in the configured joint order with its receive time (a malformed
+message clears it and is counted), and a control timer that activate starts and deactivate stops.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from rclpy.context import Context
+from rclpy.lifecycle import Node as LifecycleNode
+from rclpy.lifecycle import State, TransitionCallbackReturn
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+
+from robot_wm.nodes.conversions import InputError, joint_state_arrays
+from robot_wm.nodes.params import declare
+
+
+class ControlNode(LifecycleNode):
+    """A lifecycle node with autostart, the latest joint state and a control timer.
+
+    Subclasses define ``control_step()``, called every ``control_period_s`` while active.
+    """
+
+    def __init__(self, node_name: str, context: Context | None = None) -> None:
+        super().__init__(node_name, context=context)
+        self.period_s = declare(self, "control_period_s", 0.01, "control period (s)", range_=(0.002, 0.1), read_only=True)
+        self.stale_s = declare(self, "stale_after_s", 0.05, "inputs older than this (s) are stale", range_=(0.001, 1.0), read_only=True)
+        self.joint_names = list(declare(self, "joint_names", [""], "joint order of commands and states", read_only=True))
+        self.joint_states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState input", read_only=True)
+        self.autostart = declare(self, "autostart", True, "configure and activate on start-up", read_only=True)
+        self.state: tuple[float, np.ndarray, np.ndarray] | None = None  # (receive time, q_rad, qdot_radps)
+        self.state_error: str | None = None
+        self.state_errors = 0
+        self._control_timer = None
+        self.create_subscription(JointState, self.joint_states_topic, self._on_joint_state,
+                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        if self.autostart:
+            self._autostart_timer = self.create_timer(0.0, self._autostart)
+
+    def _autostart(self) -> None:
+        self._autostart_timer.cancel()
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        try:
+            q, qdot = joint_state_arrays(msg, self.joint_names if self.joint_names != [""] else list(msg.name))
+        except InputError as exc:
+            self.state = None
+            self.state_error = str(exc)
+            self.state_errors += 1
+            self.get_logger().error(f"bad joint state: {exc}", throttle_duration_sec=1.0)
+            return
+        self.state_error = None
+        self.state = (time.monotonic(), q, qdot)
+
+    def fresh_state(self, now_s: float | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The latest (q_rad, qdot_radps) if it is not stale, else None."""
+        if self.state is None:
+            return None
+        received_s, q, qdot = self.state
+        return (q, qdot) if (now_s or time.monotonic()) - received_s <= self.stale_s else None
+
+    def on_activate(self, state: State) -> TransitionCallbackReturn:
+        self._control_timer = self.create_timer(self.period_s, self.control_step)
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: State) -> TransitionCallbackReturn:
+        if self._control_timer is not None:
+            self.destroy_timer(self._control_timer)
+            self._control_timer = None
+        return super().on_deactivate(state)
