@@ -16,6 +16,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 
 def collection_throughput(transitions: int) -> None:
     """Time `collect` for ``transitions`` transitions."""
@@ -70,7 +72,7 @@ def sample_efficiency(sizes: list[int], episodes: int, iterations: int | None, w
         onnx = export_policy(actor, workdir / f"policy_{size}.onnx", joint_names=names, task=task,
                              dataset_sha256=data.sha256, version=f"bench-{size}")
         report = evaluate(PolicyRunner(onnx, names, task.control_dt_s), "nominal", episodes, seed=0, task=task)
-        rows.append((data.n_transitions, report.success_rate, report.final_error_m_median, t1 - t0, t2 - t1, t3 - t2))
+        rows.append((data.n_transitions, report.success_rate, float(np.median(report.final_error_m)), t1 - t0, t2 - t1, t3 - t2))
         print(f"  {data.n_transitions:>7} transitions: success {report.success_rate * 100:5.1f} %  "
               f"(collect {t1 - t0:.0f} s, world model {t2 - t1:.0f} s, policy {t3 - t2:.0f} s)", flush=True)
     print(f"sample efficiency (nominal, {episodes} episodes, seed 0, policy iterations {pcfg.iterations}):")
