@@ -14,8 +14,8 @@ from conftest import PYTHON, wait_for
 pytestmark = pytest.mark.ros
 
 
-def test_demo_runs_and_reports_what_the_arm_did(spawn, tmp_path):
-    proc = spawn([PYTHON, "-m", "robot_wm.cli", "demo", "--out", str(tmp_path)])
+def test_scripted_demo_runs_and_reports_what_the_arm_did(spawn, tmp_path):
+    proc = spawn([PYTHON, "-m", "robot_wm.cli", "demo", "--scripted", "--out", str(tmp_path)])
     assert wait_for(lambda: proc.process.poll() is not None, 90.0, 0.1), proc.output()
     out = proc.output()
     assert proc.process.returncode == 0, out
