@@ -11,7 +11,7 @@ INSTALL_STAMP := $(VENV)/.robot_wm-install
 SYS_STAMP := $(VENV)/.robot_wm-sysdeps
 PYTEST_ARGS ?=
 
-.PHONY: all setup interfaces demo test test-fast bench doctor colcon-check clean
+.PHONY: all setup interfaces demo test test-adversarial bench doctor colcon-check clean
 
 all: setup
 
@@ -43,6 +43,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-adversarial: setup
+	$(PY) -m pytest -m adversarial -s test/test_adversarial_e2e.py
 
 doctor: setup
 	$(VENV)/bin/robot-wm doctor
