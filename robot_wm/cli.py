@@ -102,16 +102,15 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_estop(args: argparse.Namespace) -> int:
-    from robot_wm.operator import call_trigger
+def _trigger_verb(service: str):
+    """A verb that calls one std_srvs/Trigger service of the safety filter."""
 
-    return call_trigger("/robot_wm/estop", args.timeout)
+    def run(args: argparse.Namespace) -> int:
+        from robot_wm.operator import call_trigger
 
+        return call_trigger(service, args.timeout)
 
-def _cmd_reset(args: argparse.Namespace) -> int:
-    from robot_wm.operator import call_trigger
-
-    return call_trigger("/robot_wm/reset_estop", args.timeout)
+    return run
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -157,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("estop", help="operator: latch the e-stop (zero command within one control period)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter")
-    p.set_defaults(func=_cmd_estop)
+    p.set_defaults(func=_trigger_verb("/robot_wm/estop"))
     p = verbs.add_parser("reset", help="operator: release the e-stop / latched fault (refused while a fault persists)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter")
-    p.set_defaults(func=_cmd_reset)
+    p.set_defaults(func=_trigger_verb("/robot_wm/reset_estop"))
     p = verbs.add_parser("status", help="operator: print the safety filter's state")
     p.add_argument("--watch", type=float, default=0.0, help="keep printing for this many seconds")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a status message")
