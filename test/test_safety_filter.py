@@ -111,10 +111,11 @@ def tool_speed(kin: Kinematics, q: np.ndarray, v: np.ndarray) -> float:
     return float(np.linalg.norm(kin.tool_jacobian(q)[:3] @ v))
 
 
-def brake_ok(dist: np.ndarray, v: np.ndarray, decel: np.ndarray) -> np.ndarray:
-    """True where a joint at speed v (toward the limit) stops within dist: v dt + v²/(2a) <= dist."""
+def brake_ok(dist: np.ndarray, v: np.ndarray, decel: np.ndarray, coast: float = 0.0) -> np.ndarray:
+    """True where a joint at speed v (toward the limit), coasting one period plus ``coast`` s,
+    then braking at ``decel``, stops within dist: v (dt + coast) + v²/(2a) <= dist."""
     v = np.maximum(v, 0.0)
-    return v * DT + v * v / (2 * decel) <= dist + 1e-9
+    return v * (DT + coast) + v * v / (2 * decel) <= dist + 1e-9
 
 
 # --------------------------------------------------------------------------------- limits
@@ -326,8 +327,9 @@ def test_filtered_command_keeps_every_hard_constraint(data, limits, kin, geometr
     q_next = q + u * DT
     assert np.all(q_next <= lim.upper_rad + TOL) and np.all(q_next >= lim.lower_rad - TOL)
     a_brake = lim.brake_fraction * amax
-    assert np.all(brake_ok(lim.upper_rad - q, u, a_brake) | (u <= TOL))
-    assert np.all(brake_ok(q - lim.lower_rad, -u, a_brake) | (u >= -TOL))
+    kin_err = 0.5 * amax * DT * DT  # the kinematic model's error bound on q⁺
+    assert np.all(brake_ok(lim.upper_rad - q - kin_err, u, a_brake, lim.reaction_time_s) | (u <= TOL))
+    assert np.all(brake_ok(q - lim.lower_rad - kin_err, -u, a_brake, lim.reaction_time_s) | (u >= -TOL))
     # tool speed: within the limit, up to the slack the filter reports (soft constraint)
     v_tool = tool_speed(kin, q, u)
     assert v_tool <= lim.tool_speed_max_mps * scale + out.slack["tool_speed_mps"] + TOL
@@ -600,8 +602,16 @@ def test_world_model_path_keeps_the_predicted_next_state_safe(data, limits, kin)
     assert np.all(ok_up & ok_lo)
     assert np.all(np.abs(u) <= limits.vel_max_radps + TOL)
     assert np.all(np.abs(u - qd) <= limits.accel_max_radps2 * DT + TOL)
-    v_tool = np.linalg.norm(kin.tool_jacobian(q)[:3] @ x_next[6:])
-    assert v_tool <= limits.tool_speed_max_mps + out.slack["tool_speed_mps"] + TOL
+    # the braking bound holds for the command too (reaction time included)
+    a_brake = limits.brake_fraction * limits.accel_max_radps2
+    react = limits.reaction_time_s
+    assert np.all(brake_ok(limits.upper_rad - q - kappa * sigma, u, a_brake, react) | (u <= TOL))
+    assert np.all(brake_ok(q - limits.lower_rad - kappa * sigma, -u, a_brake, react) | (u >= -TOL))
+    # tool speed: the COMMAND is bounded (up to the reported slack); the lagged model's next
+    # velocity is a convex combination of qdot and u, so its tool speed is bounded by the larger
+    cap = limits.tool_speed_max_mps + out.slack["tool_speed_mps"]
+    assert tool_speed(kin, q, u) <= cap + TOL
+    assert tool_speed(kin, q, x_next[6:]) <= max(cap, tool_speed(kin, q, qd)) + TOL
 
 
 # ------------------------------------------------------------------------------ closed loop
@@ -697,3 +707,49 @@ def test_resting_at_a_limit_with_an_uncertain_model_stays_feasible(limits, kin):
         assert out.u_safe_radps[0] > 0.05  # the other joints keep moving
         qd = out.u_safe_radps
         q = q + qd * DT
+
+
+# ------------------------------------------------------------------- timing: late periods, input age
+def test_a_late_period_keeps_the_stop_deceleration_in_real_time(limits, kin):
+    """A period that runs 3 dt after the previous one (CPU load) ramps the controlled stop by
+    a_stop * 3 dt, not by a_stop * dt: the stop keeps its deceleration in real time. Beyond the
+    stale limit the step is capped at stale_limit_periods * dt."""
+    f = _fresh_filter(limits, kin)
+    qd = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # wrist_3 turns the tool about its own point
+    assert f.filter(FilterInput(HOME, qd, qd)).state == FilterState.OK  # sent 1.0 rad/s
+    late = f.filter(FilterInput(HOME, qd, qd, trust_scale=0.0, elapsed_s=3 * DT))  # stop, 30 ms later
+    assert late.state == FilterState.STOPPING
+    assert late.u_safe_radps[5] == pytest.approx(1.0 - limits.stop_decel_radps2[5] * 3 * DT)
+    f.reset()
+    f.filter(FilterInput(HOME, qd, qd))
+    very_late = f.filter(FilterInput(HOME, qd, qd, trust_scale=0.0, elapsed_s=10.0))
+    assert very_late.u_safe_radps[5] == pytest.approx(
+        max(1.0 - limits.stop_decel_radps2[5] * limits.stale_limit_periods * DT, 0.0))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.01, "soon"])
+def test_a_bad_elapsed_time_is_a_fault_that_names_it(limits, kin, bad):
+    f = _fresh_filter(limits, kin)
+    out = f.filter(FilterInput(HOME, np.zeros(6), np.full(6, 0.1), elapsed_s=bad))
+    assert out.state == FilterState.FAULT and "elapsed_s" in out.reason
+    assert np.all(out.u_safe_radps == 0.0)
+
+
+def test_older_inputs_brake_earlier_for_a_joint_limit(limits, kin):
+    """The braking distance counts the input age on top of the reaction time: the same state and
+    nominal, 0.11 rad before wrist_3's upper limit at 1.0 rad/s asked for 1.15, is allowed less speed when the
+    joint state is 3 periods old than when it is fresh."""
+    q = HOME.copy()
+    q[5] = limits.upper_rad[5] - 0.11
+    qd = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    allowed = []
+    for age in (0.0, 3.0):
+        f = _fresh_filter(limits, kin)
+        out = f.filter(FilterInput(q, qd, qd * 1.15, input_age_periods=age))
+        assert out.state == FilterState.FILTERING and "joint_limit:wrist_3" in out.active_constraints
+        a_b = limits.brake_fraction * limits.accel_max_radps2[5]
+        coast = limits.reaction_time_s + age * DT
+        assert brake_ok(np.array([0.11 - 0.5 * limits.accel_max_radps2[5] * DT * DT]),
+                        out.u_safe_radps[5:6], np.array([a_b]), coast)[0]
+        allowed.append(out.u_safe_radps[5])
+    assert allowed[1] < allowed[0] - 0.02

@@ -9,13 +9,15 @@ Each control period :meth:`SafetyFilter.filter` solves
 with the families (docs/safety_filter.md has the derivations and numbers):
 
 * joint position limits (HARD, never slacked): a position row with the CBF rate α and a braking
-  row that keeps the next velocity within what the barrier's braking deceleration can stop in the
-  remaining distance;
+  bound that keeps the next velocity and the command within what the barrier's braking
+  deceleration can stop in the remaining distance after coasting one period plus the reaction
+  time and the input age;
 * joint velocity |u| ≤ v_max·scale and acceleration: u within a_max·dt of the measured velocity
   or of the previous command (HARD box, the hull of both; speeding up is scaled by trust, braking
   never is);
-* tool linear speed ≤ v_tool·scale (soft): a 26-face polytope inscribed in the speed ball,
-  rotated each period so that one of its vertices points along the nominal tool velocity;
+* tool linear speed ≤ v_tool·scale (soft) of the commanded joint velocity: a 26-face polytope
+  inscribed in the speed ball, rotated each period so that one of its vertices points along the
+  nominal tool velocity;
 * table plane and keep-out boxes/spheres for the tool and the monitored link points (soft);
 * contact force: from |F| ≥ onset·limit on, no tool motion into the contact (soft).
 
@@ -149,7 +151,12 @@ class FilterInput:
             exerts ON the tool (pressing down on a table reads +z), payload weight and bias removed.
         trust_scale: factor on the speed limits in [0, 1] (0 = controlled stop).
         accel_scale: factor on the acceleration limits (speeding up only) in [0, 1]; None = trust_scale.
-        input_age_periods: age of the oldest input in control periods (the node measures it).
+        input_age_periods: age of the oldest input in control periods (the node measures it). It
+            is added to ``reaction_time_s`` in the joint-limit braking distance.
+        elapsed_s: time since the previous command was sent, s (the node measures it); None = one
+            period. The acceleration box and the controlled-stop ramp use it (clipped to
+            [dt, stale_limit_periods * dt]), so a late period brakes as hard in real time as an
+            on-time one instead of stretching the stop.
     """
 
     q_rad: Any
@@ -160,6 +167,7 @@ class FilterInput:
     trust_scale: float = 1.0
     accel_scale: float | None = None
     input_age_periods: float = 0.0
+    elapsed_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +295,8 @@ class SafetyFilter:
         self._vmax, self._amax = limits.vel_max_radps, limits.accel_max_radps2
         self._astop = limits.stop_decel_radps2
         self._abrake = limits.brake_fraction * self._amax
+        self._dt_eff = dt  # this period's elapsed time (FilterInput.elapsed_s, clipped)
+        self._coast_s = limits.reaction_time_s  # + this period's input age (set by _parse)
         self._a_ws = limits.workspace_deceleration_mps2
         self._kin_err_rad = 0.5 * self._amax * dt * dt  # kinematic-model error bound on q⁺
         self._table_z = limits.table_z_m
@@ -390,16 +400,18 @@ class SafetyFilter:
     def controlled_stop(self, qdot_radps: Any = None) -> np.ndarray:
         """The next command of a controlled stop: the last command ramped toward zero, then zero.
 
-        Each joint's speed drops by ``stop_deceleration_radps2 * dt`` per period. The ramp starts
-        from the last command sent (known exactly, independent of sensors); before the first
-        command it starts from the measured velocity when that is finite, else from zero.
+        Each joint's speed drops by ``stop_deceleration_radps2`` times the time since the last
+        command (the period, or the latest input's ``elapsed_s``: a late period brakes by more, so
+        the stop keeps its deceleration in real time). The ramp starts from the last command sent
+        (known exactly, independent of sensors); before the first command it starts from the
+        measured velocity when that is finite, else from zero.
         """
         base = self._last_u
         if base is None:
             qd = _as_vector(qdot_radps, self.n)
             base = qd if qd is not None else np.zeros(self.n)
         base = np.clip(base, -self.hw_velocity_radps, self.hw_velocity_radps)
-        return np.copysign(np.maximum(np.abs(base) - self._astop * self.dt_s, 0.0), base)
+        return np.copysign(np.maximum(np.abs(base) - self._astop * self._dt_eff, 0.0), base)
 
     def check_input(self, inp: Any) -> str | None:
         """Return why ``inp`` cannot be filtered (a FAULT reason), or None when it is usable."""
@@ -453,6 +465,11 @@ class SafetyFilter:
         n = self.n
         if not isinstance(inp, FilterInput):
             return f"input is {type(inp).__name__}, expected FilterInput", None
+        dt, stale = self.dt_s, max(self.limits.stale_limit_periods, 1)
+        elapsed = dt if inp.elapsed_s is None else _as_scalar(inp.elapsed_s)
+        self._dt_eff = dt if elapsed is None else min(max(elapsed, dt), stale * dt)
+        if elapsed is None or elapsed < 0:
+            return f"elapsed_s = {inp.elapsed_s!r}: expected a finite time >= 0 s or None", None
         arrays = []
         for name in ("q_rad", "qdot_radps", "u_nominal_radps"):
             vec = _as_vector(getattr(inp, name), n)
@@ -465,6 +482,7 @@ class SafetyFilter:
             return f"input_age_periods = {inp.input_age_periods!r}: expected a finite age >= 0 periods", None
         if age > self.limits.stale_limit_periods:
             return f"{STALE_PREFIX} {age:g} periods old > stale_limit_periods {self.limits.stale_limit_periods}", None
+        self._coast_s = self.limits.reaction_time_s + age * dt
         s_v = _as_scalar(inp.trust_scale)
         if s_v is None or not 0.0 <= s_v <= 1.0:
             return f"trust_scale = {inp.trust_scale!r}: expected a number in [0, 1]", None
@@ -599,12 +617,13 @@ class SafetyFilter:
 
         # joint positions, h_up = q_max − q, h_lo = q − q_min:
         #   position: h(q⁺) >= (1 − α) h(q) + margin  (h < 0: h(q⁺) >= h(q) + margin, no further violation)
-        #   braking:  qdot⁺ <= v_b(h − margin), the speed from which a_brake stops within the distance left
+        #   braking:  qdot⁺ and u <= v_b(h − margin), the speed from which a_brake stops within the
+        #             distance left after coasting one period plus the reaction time (latency, lag, input age)
         h_up, h_lo = self._hi - q, q - self._lo
         pos_hi = (alpha * np.maximum(h_up, 0.0) - margin_q) / dt
         pos_lo = (-alpha * np.maximum(h_lo, 0.0) + margin_q) / dt
-        brk_hi = self._brake_speed(h_up - margin_q, self._abrake)
-        brk_lo = -self._brake_speed(h_lo - margin_q, self._abrake)
+        brk_hi = self._brake_speed(h_up - margin_q, self._abrake, self._coast_s)
+        brk_lo = -self._brake_speed(h_lo - margin_q, self._abrake, self._coast_s)
 
         if kin:
             # every hard row bounds one joint: merge them into the box rows (redundant active rows
@@ -641,28 +660,32 @@ class SafetyFilter:
             cb = bqd @ u_lin - f0qd
             A[k0:k0 + n, :n] = bqd
             l[k0:k0 + n], u[k0:k0 + n] = cb + brk_lo, cb + brk_hi
-            l[b0:b0 + n], u[b0:b0 + n] = box_lo, box_hi
-            self._hi_src[:] = 0
-            self._lo_src[:] = 0
+            # the braking bound holds for the command itself too (the drive converges to it):
+            # merged into the box rows, exact per joint
+            free = np.full(n, np.inf)
+            lo, hi, conflict = self._merge(box_lo, box_hi, -free, free, brk_lo, brk_hi)
+            if conflict is not None:
+                i = int(np.argmax(conflict))
+                return (f"joint_limit:{self._joint_short[i]} cannot be kept within the velocity/acceleration "
+                        f"limits (allowed command [{lo[i]:.4g}, {hi[i]:.4g}] rad/s is empty)")
+            l[b0:b0 + n], u[b0:b0 + n] = lo, hi
 
         # points: positions and Jacobians at the current state
         pts, jac = self._kinematics(q)
 
-        # tool speed ‖J qdot⁺‖ <= v: polytope inscribed in the ball, a vertex along the nominal velocity
+        # tool speed ‖J u‖ <= v of the COMMANDED joint velocity (the set-point the drive converges
+        # to; the predicted qdot⁺ of a lagging drive lies between qdot and u, so bounding u bounds
+        # it too once the arm is within the limit): polytope inscribed in the ball, a vertex along
+        # the nominal tool velocity
         jt = jac[0]
-        v_nom = jt @ f0qd
+        v_nom = jt @ u_nom
         speed_nom = math.sqrt(float(v_nom @ v_nom))
         rot_jt = jt if speed_nom <= 1e-9 else _rotation_to(_VERTEX_DIR, v_nom / speed_nom).T @ jt
         djt = SPEED_DIRECTIONS @ rot_jt  # (M, n): d_k · J
-        self._speed_ctx = (jt, lim.tool_speed_max_mps * s_v, f0qd, bqd, u_nom if kin else u_lin)
-        cap = lim.tool_speed_max_mps * s_v * SPEED_POLYTOPE_COS
+        self._speed_ctx = (jt, lim.tool_speed_max_mps * s_v)
         ms = len(SPEED_DIRECTIONS)
-        if kin:
-            A[s0:s0 + ms, :n] = djt
-            u[s0:s0 + ms] = cap
-        else:
-            A[s0:s0 + ms, :n] = djt @ bqd
-            u[s0:s0 + ms] = cap - kappa * (np.abs(djt) @ sig_qd) - djt @ (f0qd - bqd @ u_lin)
+        A[s0:s0 + ms, :n] = djt
+        u[s0:s0 + ms] = lim.tool_speed_max_mps * s_v * SPEED_POLYTOPE_COS
 
         # workspace barriers (table, keep-outs) of every monitored point, linearized:
         #   h(p⁺) ≈ h(p) + g·J (q⁺ − q) >= h − γ(h) + margins,  γ(h) = min(α h, dt v_b(h)) (h >= 0), 0 (h < 0)
@@ -737,7 +760,7 @@ class SafetyFilter:
         lowered limit is reached by a ramp, not a jump); a joint measured beyond even that keeps
         |u| <= v_max (the speed limit wins). Returns (lo, hi, lo_is_speed_limit, hi_is_speed_limit).
         """
-        a_dt, a_dt_s = self._amax * self.dt_s, self._amax * s_a * self.dt_s
+        a_dt, a_dt_s = self._amax * self._dt_eff, self._amax * s_a * self._dt_eff
         ref = np.array(refs)  # (1 or 2, n)
         lo = np.maximum(ref - a_dt, np.minimum(ref, 0.0) - a_dt_s).min(axis=0)
         hi = np.minimum(ref + a_dt, np.maximum(ref, 0.0) + a_dt_s).max(axis=0)
@@ -747,14 +770,15 @@ class SafetyFilter:
         box_hi = np.maximum(np.minimum(vcap, hi), -vcap)
         return box_lo, box_hi, box_lo <= -vcap + 1e-12, box_hi >= vcap - 1e-12
 
-    def _brake_speed(self, dist, decel):
-        """Largest speed v >= 0 with v dt + v²/(2 decel) <= dist (0 where dist <= 0).
+    def _brake_speed(self, dist, decel, coast_s: float = 0.0):
+        """Largest speed v >= 0 with v (dt + coast) + v²/(2 decel) <= dist (0 where dist <= 0).
 
-        A joint (or point) moving at v for one period and then braking at ``decel`` stops within
-        ``dist``; from there the set {v : v <= this} is reachable again next period.
+        A joint (or point) moving at v for one period plus ``coast_s`` (reaction time, input age)
+        and then braking at ``decel`` stops within ``dist``; from there the set {v : v <= this} is
+        reachable again next period.
         """
-        dt = self.dt_s
-        return decel * (np.sqrt(dt * dt + 2.0 * np.maximum(dist, 0.0) / decel) - dt)
+        t = self.dt_s + coast_s
+        return decel * (np.sqrt(t * t + 2.0 * np.maximum(dist, 0.0) / decel) - t)
 
     def _feasible(self, u_nom: np.ndarray) -> bool:
         """True when u_nom (with zero slack) satisfies every row at its TRUE bound."""
@@ -821,13 +845,13 @@ class SafetyFilter:
     def _slack(self, u: np.ndarray, val: np.ndarray) -> dict[str, float]:
         """How far the final command exceeds each soft family, in that family's units (0 = met).
 
-        Tool speed: (predicted) tool speed above the limit, m/s, measured on the ball (not on the
-        polytope); workspace: barrier deficit of the next state, m; force: speed into the contact, m/s.
+        Tool speed: commanded tool speed |J u| above the limit, m/s, measured on the ball (not on
+        the polytope); workspace: barrier deficit of the next state, m; force: speed into the
+        contact, m/s.
         """
         w0, f0_ = self._r_ws, self._r_force
-        jt, v_lim, f0qd, bqd, u_nom = self._speed_ctx
-        qd_next = u if bqd is None else f0qd + bqd @ (u - u_nom)
-        v = jt @ qd_next
+        jt, v_lim = self._speed_ctx
+        v = jt @ u
         over = np.maximum(val - self._u, self._l - val)
         return {
             "tool_speed_mps": max(math.sqrt(float(v @ v)) - v_lim, 0.0),

@@ -92,6 +92,10 @@ SCHEMA: dict[str, FieldSpec] = {
         "scalar", "-", 0.0, 1.0, "increase",
         "fraction of acceleration_max the joint-limit braking barrier assumes (margin for tracking lag)",
         low_open=True),
+    "reaction_time_s": FieldSpec(
+        "scalar", "s", 0.0, 1.0, "decrease",
+        "time the joint-limit braking assumes a joint keeps its speed before a braking command bites "
+        "(command latency + actuator lag; each period's input age is added)"),
     "tool_speed_max_mps": FieldSpec(
         "scalar", "m/s", 0.0, 3.0, "increase", "tool (tool0 origin) linear speed limit", low_open=True),
     "table_z_m": FieldSpec("scalar", "m", -2.0, 2.0, "decrease", "table plane height in the base frame"),
@@ -186,6 +190,7 @@ class SafetyLimits:
     acceleration_max_radps2: tuple[float, ...] = (10.0, 10.0, 10.0, 15.0, 15.0, 15.0)
     stop_deceleration_radps2: tuple[float, ...] = (10.0, 10.0, 10.0, 15.0, 15.0, 15.0)
     brake_fraction: float = 0.5
+    reaction_time_s: float = 0.02
     tool_speed_max_mps: float = 0.5
     table_z_m: float = 0.0
     tool_clearance_m: float = 0.05

@@ -21,6 +21,7 @@ State machine (``state`` of the returned FilterOutput)::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from typing import Any
 
@@ -184,6 +185,33 @@ class SafetySupervisor:
         if out.state not in running and prev_state in running:
             self.stop_events += 1
         self.constraint_counts.update(out.active_constraints)
+        self.state_counts[out.state.name] += 1
+        self._last = out
+        return out
+
+    def fault(self, reason: str, qdot_radps: Any = None) -> FilterOutput:
+        """Run one period whose input could not be assembled at all (e.g. a malformed joint state).
+
+        The command is the controlled stop (zero while the e-stop is latched), the state FAULT,
+        and the fault latches like any broken input (``latch_faults``); ``reset`` is refused until
+        a later ``step`` sees a usable input again.
+        """
+        self.periods += 1
+        prev_state = self.state
+        text = str(reason).strip() or "input fault (no reason given)"
+        self._fault_now = text
+        if self._estop_reason is not None:
+            u = np.zeros(self.filter.n)
+            out = FilterOutput(u_safe_radps=u, state=FilterState.ESTOP,
+                               reason=f"{self._estop_reason}; input fault: {text}", intervention_norm=math.nan)
+        else:
+            if self.latch_faults and self._latched_fault is None:
+                self._latched_fault = text
+            u = self.filter.controlled_stop(qdot_radps)
+            out = FilterOutput(u_safe_radps=u, state=FilterState.FAULT, reason=text, intervention_norm=math.nan)
+        self.filter.record_sent(u)
+        if prev_state in (FilterState.OK, FilterState.FILTERING):
+            self.stop_events += 1
         self.state_counts[out.state.name] += 1
         self._last = out
         return out
