@@ -23,14 +23,21 @@ SPECS = {s.name: s for s in graph.plan("mujoco") if not s.needs_ros_install}
 
 
 class NominalSource:
-    """Publish a (changeable) nominal command on /robot_wm/action_nominal at 100 Hz from a thread."""
+    """Publish a (changeable) nominal command on /robot_wm/action_nominal at 100 Hz from a thread,
+    and record every hardware command the filter sends.
+
+    Each command is kept with its receive time (``time.monotonic()`` in this process) and its
+    publish time (the publisher's ``source_timestamp``, wall clock). On a loaded machine this
+    process may handle a service response before older commands still queued for it, so "sent
+    after the e-stop" must be judged by the publish time, not by when the test saw it.
+    """
 
     def __init__(self, client: ArmClient) -> None:
         self.pub = client.node.create_publisher(Float64MultiArray, "/robot_wm/action_nominal", 10)
         self.value = [0.0] * 6
         self.commands: list[tuple[float, np.ndarray]] = []
-        client.node.create_subscription(Float64MultiArray, "/forward_velocity_controller/commands",
-                                        lambda m: self.commands.append((time.monotonic(), np.array(m.data))), 10)
+        self.published: list[tuple[float, np.ndarray]] = []
+        client.node.create_subscription(Float64MultiArray, "/forward_velocity_controller/commands", self._on_command, 10)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -40,8 +47,18 @@ class NominalSource:
             self.pub.publish(Float64MultiArray(data=[float(v) for v in self.value]))
             time.sleep(0.01)
 
+    def _on_command(self, msg: Float64MultiArray, info) -> None:
+        u = np.array(msg.data)
+        self.commands.append((time.monotonic(), u))
+        self.published.append((info["source_timestamp"] * 1e-9, u))
+
     def commands_since(self, t0: float) -> list[tuple[float, np.ndarray]]:
+        """Commands received at or after ``t0`` (time.monotonic())."""
         return [c for c in list(self.commands) if c[0] >= t0]
+
+    def published_since(self, t0_wall: float) -> list[tuple[float, np.ndarray]]:
+        """Commands published at or after ``t0_wall`` (time.time(), the publisher's clock)."""
+        return [c for c in list(self.published) if c[0] >= t0_wall]
 
     def close(self) -> None:
         self._stop.set()
@@ -78,20 +95,22 @@ def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
     _, filt, client, source = stack
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert wait_for(lambda: _moving(client), 5.0), filt.output()
-    t_request = time.monotonic()
+    t_request = time.time()  # wall clock: compared with the filter's publish times
     resp = client.call(Trigger, "/robot_wm/estop", Trigger.Request())
-    t_response = time.monotonic()
+    t_response = time.time()
     assert resp.success, resp.message
-    after = source.commands_since(t_response)
-    assert wait_for(lambda: len(source.commands_since(t_response)) > 0, 1.0)
-    first_zero = next(t for t, u in source.commands_since(t_request) if np.all(u == 0.0))
-    assert first_zero - t_request < 0.1  # published from the service callback itself (one period = 10 ms)
+    assert wait_for(lambda: len(source.published_since(t_response)) > 0, 1.0)
+    # the service callback itself publishes a zero before it answers (one period = 10 ms)
+    during = source.published_since(t_request)
+    zero_in_callback = [t for t, u in during if t <= t_response and np.all(u == 0.0)]
+    assert zero_in_callback, f"no zero command published while the e-stop call ran: {during[:5]}"
+    assert zero_in_callback[0] - t_request < 0.1
     assert wait_for(lambda: _at_rest(client), 0.3), f"arm not at rest 300 ms after e-stop: {client.latest()[2]}"
-    # adversarial nominal commands while latched: every command stays exactly zero
+    # adversarial nominal commands while latched: every command sent after the answer is exactly zero
     source.value = [1.5, -1.5, 1.5, 2.0, -2.0, 2.0]
     time.sleep(1.0)
-    after = source.commands_since(t_response)
-    assert len(after) > 50 and all(np.all(u == 0.0) for _, u in after)
+    after = source.published_since(t_response)
+    assert len(after) > 50 and all(np.all(u == 0.0) for _, u in after), [u for _, u in after if np.any(u)][:3]
     assert _at_rest(client)
     # reset is refused while a fault persists (non-finite nominal) and accepted once inputs are healthy
     source.value = [float("nan")] * 6
@@ -163,3 +182,40 @@ def test_malformed_nominal_stops_the_arm_with_a_clear_status(stack, bad):
     assert wait_for(lambda: _at_rest(client), 1.0)
     assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 1.0)
     assert "u_nominal_radps" in statuses[-1].fault_reason
+
+
+@pytest.mark.parametrize("bad", ["unknown_joint", "nan"])
+def test_malformed_joint_state_is_a_latched_fault_with_a_controlled_stop(stack, bad):
+    """A malformed /joint_states message (an unknown joint name, a NaN) while the arm moves: the
+    filter stops the arm by its controlled stop, reports FAULT naming the bad message, and only a
+    reset after the joint states are healthy again releases it."""
+    from robot_wm.msg import SafetyStatus
+    from sensor_msgs.msg import JointState
+
+    _, _, client, source = stack
+    statuses: list[SafetyStatus] = []
+    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    rogue = client.node.create_publisher(JointState, "/joint_states", 10)
+    source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    good = client.latest()
+    names = list(good[4])
+    position = [float(x) for x in good[1]]
+    if bad == "unknown_joint":
+        names[0] = "gripper_joint"
+    else:
+        position[2] = float("nan")
+    msg = JointState(name=names, position=position, velocity=[0.0] * 6)
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end and not (statuses and statuses[-1].state == SafetyStatus.FAULT):
+        rogue.publish(msg)  # the arm's own 500 Hz stream goes on: the filter must catch one of these
+        time.sleep(0.002)
+    assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 1.0), [s.fault_reason for s in statuses[-3:]]
+    reason = next(s.fault_reason for s in reversed(statuses) if s.state == SafetyStatus.FAULT)
+    assert "bad joint state" in reason and ("gripper_joint" in reason or "non-finite" in reason), reason
+    assert wait_for(lambda: _at_rest(client), 1.0), "arm still moving after a malformed joint state"
+    time.sleep(0.2)
+    assert _at_rest(client) and statuses[-1].state != SafetyStatus.OK  # latched, healthy input again
+    resp = client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
+    assert resp.success and "bad joint state" in resp.message, resp.message
+    assert wait_for(lambda: _moving(client), 3.0), "arm did not resume after reset"

@@ -2,7 +2,7 @@
 
 What they share: ``autostart`` (configure + activate at start-up, so no lifecycle manager is
 needed), the latest joint state in the configured joint order with its receive time (a malformed
-message clears it and is counted), and a control timer that activate starts and deactivate stops.
+message sets ``state_error`` until the next good one, is counted, and makes ``fresh_state`` None), and a control timer that activate starts and deactivate stops.
 """
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ from sensor_msgs.msg import JointState
 from robot_wm.nodes.conversions import InputError, joint_state_arrays
 from robot_wm.nodes.params import declare
 
+_MAX_STAMP_LAG_S = 1.0  # a stamp older than this is taken for a different clock, not for a late message
+
+
+#: QoS of the control inputs: reliable, keep only the newest message.
+LATEST_ONLY = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
+
 
 class ControlNode(LifecycleNode):
     """A lifecycle node with autostart, the latest joint state and a control timer.
@@ -27,17 +33,19 @@ class ControlNode(LifecycleNode):
 
     def __init__(self, node_name: str, context: Context | None = None) -> None:
         super().__init__(node_name, context=context)
-        self.period_s = declare(self, "control_period_s", 0.01, "control period (s)", range_=(0.002, 0.1), read_only=True)
+        self.period_s = declare(self, "control_period_s", 0.01, "control period (s), 1 ms to 100 ms", range_=(0.001, 0.1), read_only=True)
         self.stale_s = declare(self, "stale_after_s", 0.05, "inputs older than this (s) are stale", range_=(0.001, 1.0), read_only=True)
         self.joint_names = list(declare(self, "joint_names", [""], "joint order of commands and states", read_only=True))
         self.joint_states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState input", read_only=True)
         self.autostart = declare(self, "autostart", True, "configure and activate on start-up", read_only=True)
-        self.state: tuple[float, np.ndarray, np.ndarray] | None = None  # (receive time, q_rad, qdot_radps)
+        # last GOOD (time it was measured on time.monotonic(), q_rad, qdot_radps)
+        self.state: tuple[float, np.ndarray, np.ndarray] | None = None
         self.state_error: str | None = None
         self.state_errors = 0
         self._control_timer = None
-        self.create_subscription(JointState, self.joint_states_topic, self._on_joint_state,
-                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        # depth 1: a node that falls behind skips straight to the newest state instead of working
+        # through a queue of old ones (a loaded 2-core machine otherwise controls on 100 ms old states)
+        self.create_subscription(JointState, self.joint_states_topic, self._on_joint_state, LATEST_ONLY)
         if self.autostart:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
 
@@ -49,18 +57,24 @@ class ControlNode(LifecycleNode):
     def _on_joint_state(self, msg: JointState) -> None:
         try:
             q, qdot = joint_state_arrays(msg, self.joint_names if self.joint_names != [""] else list(msg.name))
-        except InputError as exc:
-            self.state = None
+        except InputError as exc:  # keep the last good state (the filter stops from it), flag the error
             self.state_error = str(exc)
             self.state_errors += 1
             self.get_logger().error(f"bad joint state: {exc}", throttle_duration_sec=1.0)
             return
         self.state_error = None
-        self.state = (time.monotonic(), q, qdot)
+        now = time.monotonic()
+        # the receive time, moved back by how old the message's stamp already was (queueing in DDS
+        # or in this executor counts against freshness); unstamped messages count from receipt
+        stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        lag_s = (self.get_clock().now().nanoseconds - stamp_ns) * 1e-9 if stamp_ns else 0.0
+        if not 0.0 <= lag_s <= _MAX_STAMP_LAG_S:  # another clock (sim time, another host): ignore the stamp
+            lag_s = 0.0
+        self.state = (now - lag_s, q, qdot)
 
     def fresh_state(self, now_s: float | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-        """The latest (q_rad, qdot_radps) if it is not stale, else None."""
-        if self.state is None:
+        """The latest (q_rad, qdot_radps) if it is fresh and the latest message was usable, else None."""
+        if self.state is None or self.state_error is not None:
             return None
         received_s, q, qdot = self.state
         return (q, qdot) if (now_s or time.monotonic()) - received_s <= self.stale_s else None

@@ -22,7 +22,6 @@ from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.context import Context
 from rclpy.lifecycle import State, TransitionCallbackReturn
-from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
@@ -37,7 +36,7 @@ from robot_wm.core.safety import (
     load_safety_limits,
 )
 from robot_wm.msg import SafetyStatus, TrustState
-from robot_wm.nodes.control_node import ControlNode
+from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 
@@ -73,9 +72,9 @@ class SafetyFilterNode(ControlNode):
         self._tare: list[np.ndarray] = []
         self._tare_base: np.ndarray | None = None
         self._started = False
-        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(Float64MultiArray, nominal_topic, self._on_nominal, qos)
-        self.create_subscription(WrenchStamped, wrench_topic, self._on_wrench, qos)
+        self._last_step_s: float | None = None  # when the previous filtered command was computed
+        self.create_subscription(Float64MultiArray, nominal_topic, self._on_nominal, LATEST_ONLY)
+        self.create_subscription(WrenchStamped, wrench_topic, self._on_wrench, LATEST_ONLY)
         self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
         self.create_service(Trigger, "/robot_wm/estop", self._on_estop)
         self.create_service(Trigger, "/robot_wm/reset_estop", self._on_reset)
@@ -218,8 +217,9 @@ class SafetyFilterNode(ControlNode):
         if self.state is None and self.state_error is None:
             self._publish(np.zeros(len(self.joint_names)), None, "waiting for /joint_states")
             return
-        if self.state is None:  # only malformed joint states so far
-            self._publish(np.zeros(len(self.joint_names)), None, f"bad joint state: {self.state_error}")
+        if self.state is None:  # only malformed joint states so far: the arm never moved under this filter
+            out = self.supervisor.fault(f"bad joint state: {self.state_error}", None)
+            self._publish(out.u_safe_radps, out, out.reason)
             return
         received_s, q, qdot = self.state
         if not self._started:
@@ -236,17 +236,18 @@ class SafetyFilterNode(ControlNode):
             sigma = self.runner.predict(q, qdot, u_nom, commit=False).total_std
             model = LinearizedModel(f0, jac, sigma)
         speed, accel = self._scale(now)
+        elapsed = None if self._last_step_s is None else now - self._last_step_s
+        self._last_step_s = now
         inp = FilterInput(q_rad=q, qdot_radps=qdot, u_nominal_radps=u_nom, model=model, force_n=self._force_base(q),
-                          trust_scale=speed, accel_scale=accel, input_age_periods=max(state_age, nominal_age))
-        if self.state_error is not None:
-            # the latest joint state was unusable: hand the filter a non-finite state so it takes its
-            # fault path (controlled stop from the last good velocity); the status names the real cause
-            inp = FilterInput(q_rad=np.full(6, np.nan), qdot_radps=qdot, u_nominal_radps=u_nom, input_age_periods=0.0)
-        out = self.supervisor.step(inp)
+                          trust_scale=speed, accel_scale=accel, input_age_periods=max(state_age, nominal_age),
+                          elapsed_s=elapsed)
+        if self.state_error is not None:  # the latest joint state was unusable: fault, controlled stop
+            out = self.supervisor.fault(f"bad joint state: {self.state_error}", qdot)
+        else:
+            out = self.supervisor.step(inp)
         if self.runner is not None:
             self.runner.commit(out.u_safe_radps)
-        reason = f"bad joint state: {self.state_error}" if self.state_error else out.reason
-        self._publish(out.u_safe_radps, out, reason)
+        self._publish(out.u_safe_radps, out, out.reason)
 
     def _publish(self, u: np.ndarray, out, reason: str) -> None:
         self._cmd_pub.publish(Float64MultiArray(data=np.asarray(u, dtype=float).tolist()))
