@@ -4,9 +4,15 @@ rclpy's default signal handling raises inside ``spin`` (a traceback on Ctrl-C) a
 SIGTERM; a node killed that way can linger and leave Fast DDS shared-memory segments behind.
 Here both signals set a flag, the executor loop notices it within ``_POLL_S`` and every node and
 the context are destroyed in order, so the process exits 0 with no traceback.
+
+Executor: rclpy's EventsExecutor (``rclpy.experimental``; its dispatch loop is C++) by default —
+it spends about a third of the SingleThreadedExecutor's CPU per callback (bench/bench_control_path.py),
+which on a loaded 2-core machine decides whether a 100 Hz control period is on time. Set
+``ROBOT_WM_EXECUTOR=single`` to run with the SingleThreadedExecutor instead.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -14,7 +20,8 @@ from collections.abc import Callable, Sequence
 
 import rclpy
 from rclpy.context import Context
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
+from rclpy.experimental import EventsExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
@@ -25,6 +32,17 @@ _POLL_S = 0.05  # how often the spin loop checks the stop flag (bounds shutdown 
 
 class NodeConfigError(ValueError):
     """A node was started with a bad parameter, file or model; the message says which and why."""
+
+
+EXECUTORS = ("events", "single")
+
+
+def make_executor(context: Context, kind: str | None = None) -> Executor:
+    """The executor of a robot_wm process: ``kind`` or $ROBOT_WM_EXECUTOR, "events" (default) or "single"."""
+    kind = kind or os.environ.get("ROBOT_WM_EXECUTOR", "events")
+    if kind not in EXECUTORS:
+        raise NodeConfigError(f"ROBOT_WM_EXECUTOR={kind!r}: expected one of {EXECUTORS}")
+    return EventsExecutor(context=context) if kind == "events" else SingleThreadedExecutor(context=context)
 
 
 NodeFactory = Callable[[Context], Node]
@@ -45,8 +63,13 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     nodes: list[Node] = []
-    executor = SingleThreadedExecutor(context=context)
     code = 0
+    try:
+        executor = make_executor(context)
+    except NodeConfigError as exc:
+        print(f"[robot_wm] configuration error: {exc}", file=sys.stderr)
+        rclpy.shutdown(context=context)
+        return 2
     try:
         for factory in factories:
             node = factory(context)

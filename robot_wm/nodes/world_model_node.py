@@ -15,12 +15,11 @@ import numpy as np
 from geometry_msgs.msg import Point
 from rclpy.context import Context
 from rclpy.lifecycle import State, TransitionCallbackReturn
-from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
 from visualization_msgs.msg import Marker
 
 from robot_wm.msg import WorldModelPrediction
-from robot_wm.nodes.control_node import ControlNode
+from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 from robot_wm.nodes.conversions import InputError, vector
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
@@ -40,8 +39,7 @@ class WorldModelNode(ControlNode):
         self._pred_pub = None
         self._marker_pub = None
         self._command: tuple[float, np.ndarray] | None = None
-        self.create_subscription(Float64MultiArray, command_topic, self._on_command,
-                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        self.create_subscription(Float64MultiArray, command_topic, self._on_command, LATEST_ONLY)
 
     def on_configure(self, state: State) -> TransitionCallbackReturn:
         from robot_wm import description
