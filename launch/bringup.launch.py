@@ -13,6 +13,16 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 
+def _per_node_params_file(nodes, parameters) -> str:
+    import tempfile
+
+    import yaml
+
+    with tempfile.NamedTemporaryFile("w", prefix="robot_wm_composed_", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump({node: {"ros__parameters": dict(parameters)} for node in nodes}, f)
+    return f.name
+
+
 def _nodes(context):
     from robot_wm import graph, rosenv  # imported at launch time, after the workspace is sourced
 
@@ -25,6 +35,11 @@ def _nodes(context):
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
+        if spec.composes and inline:
+            # one process, several nodes: an inline dict would be a /** override, which loses to each
+            # node's own section of the params files; give every hosted node its own section instead
+            params.append(_per_node_params_file(spec.composes, inline))
+            inline = {}
         actions.append(
             Node(
                 package=spec.package,

@@ -76,10 +76,12 @@ def _compose(specs: list[ProcessSpec], entry: Any) -> list[ProcessSpec]:
     if missing:
         raise GraphError(f"graph.yaml composed.nodes names {missing}, which are not in the stack")
     params: list[Path] = []
+    overrides: dict[str, Any] = {}
     for s in members:
         params += [p for p in s.param_files if p not in params]
+        overrides.update(s.parameters)  # the same overrides reach every hosted node (as when separate)
     merged = ProcessSpec(entry["name"], entry["package"], entry["executable"], entry.get("module"), tuple(params),
-                         composes=tuple(s.name for s in members))
+                         parameters=overrides, composes=tuple(s.name for s in members))
     first = specs.index(members[0])
     rest = [s for s in specs if s not in members]
     return rest[:first] + [merged] + rest[first:]

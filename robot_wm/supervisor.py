@@ -43,9 +43,10 @@ def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
         cmd += ["-r", f"__node:={spec.name}"]
     for path in spec.param_files:
         cmd += ["--params-file", str(path)]
-    for key, value in spec.parameters.items():
-        # node-qualified: a bare -p is a /** override and loses to the node's own entry in a params file
-        cmd += ["-p", f"{spec.name}:{_param_arg(key, value)}"]
+    for node in spec.composes or (spec.name,):
+        for key, value in spec.parameters.items():
+            # node-qualified: a bare -p is a /** override and loses to the node's own entry in a params file
+            cmd += ["-p", f"{node}:{_param_arg(key, value)}"]
     return cmd
 
 

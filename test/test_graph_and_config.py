@@ -109,3 +109,13 @@ def test_composed_plan_hosts_the_hot_path_in_one_process():
     assert cmd[:3] == ["python", "-m", "robot_wm.nodes.composed"] and not any("__node:=" in c for c in cmd)
     assert {p.name for p in stack.param_files} == {"robot.yaml", "control.yaml", "safety.yaml"}
     assert [s.name for s in graph.plan("mujoco", stack=False) if not s.needs_ros_install] == ["arm_sim"]
+
+
+def test_composed_plan_passes_overrides_to_every_hosted_node():
+    """`robot-wm up --composed` with overrides: each hosted node gets them under its own name (a
+    bare /** override would lose to the node's own section of the params files)."""
+    specs = {s.name: s for s in graph.plan("mujoco", composed=True, overrides={"control_period_s": 0.004})}
+    cmd = command_for(specs["control_stack"], python="python")
+    for node in ("safety_filter", "world_model", "policy"):
+        assert f"{node}:control_period_s:=0.004" in cmd
+    assert "arm_sim:control_period_s:=0.004" in command_for(specs["arm_sim"], python="python")

@@ -4,7 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.node import Node
+
+from robot_wm.nodes.runner import NodeConfigError
 
 
 def declare(
@@ -28,6 +31,9 @@ def declare(
             loosens safety).
     Returns:
         The parameter's value (the default, or what a params file / --ros-args set).
+    Raises:
+        NodeConfigError: the value set from outside has the wrong type or lies outside the range
+            (the process then exits 2 with that message instead of a traceback).
     """
     desc = ParameterDescriptor(description=description, read_only=read_only)
     if range_ is not None:
@@ -38,8 +44,14 @@ def declare(
             desc.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=0)]
         else:
             desc.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
-    value = node.declare_parameter(name, default, desc).value
+    where = f"{node.get_name()}: parameter {name!r}"
+    try:
+        value = node.declare_parameter(name, default, desc).value
+    except InvalidParameterValueException as exc:
+        bounds = f" outside [{range_[0]}, {range_[1]}]" if range_ is not None else ""
+        raise NodeConfigError(f"{where}{bounds}: {description}; ROS said: {exc}") from exc
+    except InvalidParameterTypeException as exc:
+        raise NodeConfigError(f"{where}: expected a {type(default).__name__} ({description}): {exc}") from exc
     if range_ is not None and not (range_[0] <= value <= range_[1]):
-        # declare_parameter checks ranges for overrides too, but make the error name the unit and range
-        raise ValueError(f"parameter {name!r}={value!r} outside [{range_[0]}, {range_[1]}]: {description}")
+        raise NodeConfigError(f"{where}={value!r} outside [{range_[0]}, {range_[1]}]: {description}")
     return value
