@@ -646,20 +646,18 @@ class SafetyFilter:
             l[p0:p0 + n], u[p0:p0 + n] = c + pos_lo, c + pos_hi
             # At a limit (inside the robust margin) or past it, "h(q⁺) >= h(q) + κσ" asks the model's
             # mean to retreat by κσ in one period: with the acceleration box that is often infeasible
-            # even at rest, and the arm would stay stopped for good. There the row becomes
-            # "command no further into the limit" (u_i <= 0 at the upper, >= 0 at the lower limit),
-            # exact for the command, while the braking row below still bounds the predicted velocity.
-            for i in np.flatnonzero(h_up <= margin_q):
-                A[p0 + i, :n] = 0.0
-                A[p0 + i, i] = 1.0
-                l[p0 + i], u[p0 + i] = -np.inf, 0.0
-            for i in np.flatnonzero(h_lo <= margin_q):
-                A[p0 + i, :n] = 0.0
-                A[p0 + i, i] = 1.0
-                l[p0 + i], u[p0 + i] = 0.0, np.inf
+            # even at rest, and the arm would stay stopped for good; so would the predicted-velocity
+            # braking row whenever the model predicts a little drift at zero command. There both
+            # coupled rows of that joint are freed and "command no further into the limit"
+            # (u_i <= 0 at the upper, >= 0 at the lower limit) holds exactly through the command
+            # braking bound merged into the box rows below (v_b = 0 inside the margin). Keeping the
+            # coupled rows as well made the QP infeasible or ADMM hit its iteration limit there.
             cb = bqd @ u_lin - f0qd
             A[k0:k0 + n, :n] = bqd
             l[k0:k0 + n], u[k0:k0 + n] = cb + brk_lo, cb + brk_hi
+            at_limit = np.flatnonzero((h_up <= margin_q) | (h_lo <= margin_q))
+            l[p0 + at_limit], u[p0 + at_limit] = -np.inf, np.inf
+            l[k0 + at_limit], u[k0 + at_limit] = -np.inf, np.inf
             # the braking bound holds for the command itself too (the drive converges to it):
             # merged into the box rows, exact per joint
             free = np.full(n, np.inf)
