@@ -82,10 +82,6 @@ def test_reset_refused_while_a_fault_persists_and_accepted_after(sup):
     ok, msg = sup.reset()
     assert not ok and "fault persists" in msg and "u_nominal_radps" in msg
     assert sup.estopped
-    stale = sup.step(FilterInput(arm.q, np.zeros(6), np.zeros(6), input_age_periods=10))
-    assert np.array_equal(stale.u_safe_radps, np.zeros(6))
-    ok, msg = sup.reset()
-    assert not ok and "stale input" in msg
     # a healthy period clears the persisting fault; reset releases the latch
     sup.step(FilterInput(arm.q, np.zeros(6), np.zeros(6)))
     ok, msg = sup.reset()
@@ -193,3 +189,24 @@ def test_stale_inputs_stop_only_while_stale_unless_configured_to_latch(limits, k
             assert out.is_stop and "reset to resume" in out.reason
         else:
             assert out.state in (FilterState.OK, FilterState.FILTERING) and sup.latched_fault is None
+
+
+def test_a_momentarily_stale_input_does_not_refuse_a_reset_but_keeps_the_arm_stopped(limits, kin):
+    """Staleness latches nothing (a stalled publisher stops the arm only while it is stale), so it
+    does not refuse an operator's reset either; the arm moves again only once inputs are fresh.
+    With latch_stale=True staleness is a latched fault and does refuse the reset."""
+    for latch_stale in (False, True):
+        sup = SafetySupervisor(SafetyFilter(limits, kin, DT), latch_stale=latch_stale)
+        arm = Arm()
+        sup.request_estop("test")
+        stale = sup.step(FilterInput(arm.q, np.zeros(6), np.full(6, 0.05), input_age_periods=10))
+        assert np.array_equal(stale.u_safe_radps, np.zeros(6))
+        ok, msg = sup.reset()
+        if latch_stale:
+            assert not ok and "fault persists" in msg and "stale input" in msg
+            continue
+        assert ok and "stale right now" in msg and not sup.estopped
+        still = sup.step(FilterInput(arm.q, np.zeros(6), np.full(6, 0.05), input_age_periods=10))
+        assert still.state == FilterState.FAULT and np.array_equal(still.u_safe_radps, np.zeros(6))
+        fresh = sup.step(FilterInput(arm.q, np.zeros(6), np.full(6, 0.05)))
+        assert fresh.state == FilterState.OK and np.allclose(fresh.u_safe_radps, 0.05)

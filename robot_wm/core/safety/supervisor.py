@@ -133,11 +133,14 @@ class SafetySupervisor:
 
         Returns:
             (success, message). Refused while the latest period's input has a fault, and when there
-            is nothing to reset.
+            is nothing to reset. A stale input alone does not refuse it (unless ``latch_stale``):
+            staleness latches nothing, and the arm stays stopped by it until the inputs are fresh,
+            so a momentary stall of a publisher cannot make an operator's reset fail.
         """
         if self._estop_reason is None and self._latched_fault is None:
             return False, f"reset refused: nothing to reset (no e-stop or fault latched; state {self.state.name})"
-        if self._fault_now is not None:
+        stale_now = self._fault_now is not None and self._fault_now.startswith(STALE_PREFIX)
+        if self._fault_now is not None and (self.latch_stale or not stale_now):
             return False, f"reset refused: fault persists: {self._fault_now}"
         released = [x for x in (
             f"e-stop ({self._estop_reason})" if self._estop_reason else "",
@@ -146,6 +149,9 @@ class SafetySupervisor:
         self._latched_fault = None
         self.filter.reset()
         self._last = None
+        if stale_now:  # staleness latches nothing: the arm stays stopped by it until inputs are fresh
+            return True, ("reset: released " + " and ".join(released)
+                          + f"; inputs are stale right now ({self._fault_now}): the arm moves once they are fresh")
         return True, "reset: released " + " and ".join(released) + "; state OK"
 
     # -------------------------------------------------------------------- step
