@@ -622,6 +622,8 @@ class SafetyFilter:
         h_up, h_lo = self._hi - q, q - self._lo
         pos_hi = (alpha * np.maximum(h_up, 0.0) - margin_q) / dt
         pos_lo = (-alpha * np.maximum(h_lo, 0.0) + margin_q) / dt
+        # the command's bound counts the reaction time (latency, drive lag, input age); the world
+        # model's predicted velocity already contains the lag, so its row coasts one period only
         brk_hi = self._brake_speed(h_up - margin_q, self._abrake, self._coast_s)
         brk_lo = -self._brake_speed(h_lo - margin_q, self._abrake, self._coast_s)
 
@@ -654,7 +656,8 @@ class SafetyFilter:
             # coupled rows as well made the QP infeasible or ADMM hit its iteration limit there.
             cb = bqd @ u_lin - f0qd
             A[k0:k0 + n, :n] = bqd
-            l[k0:k0 + n], u[k0:k0 + n] = cb + brk_lo, cb + brk_hi
+            l[k0:k0 + n] = cb - self._brake_speed(h_lo - margin_q, self._abrake)
+            u[k0:k0 + n] = cb + self._brake_speed(h_up - margin_q, self._abrake)
             at_limit = np.flatnonzero((h_up <= margin_q) | (h_lo <= margin_q))
             l[p0 + at_limit], u[p0 + at_limit] = -np.inf, np.inf
             l[k0 + at_limit], u[k0 + at_limit] = -np.inf, np.inf
@@ -662,11 +665,19 @@ class SafetyFilter:
             # merged into the box rows, exact per joint
             free = np.full(n, np.inf)
             lo, hi, conflict = self._merge(box_lo, box_hi, -free, free, brk_lo, brk_hi)
+            if conflict is None:
+                conflict = self._unreachable_rows(lo, hi)
             if conflict is not None:
                 i = int(np.argmax(conflict))
                 return (f"joint_limit:{self._joint_short[i]} cannot be kept within the velocity/acceleration "
                         f"limits (allowed command [{lo[i]:.4g}, {hi[i]:.4g}] rad/s is empty)")
             l[b0:b0 + n], u[b0:b0 + n] = lo, hi
+            # unit-norm coupled rows: a lagging drive gives them coefficients ~0.1 next to the box
+            # rows' 1, and unscaled ADMM then ran into its iteration limit (same feasible set)
+            norm = np.maximum(np.linalg.norm(A[p0:k0 + n, :n], axis=1), 1e-9)
+            A[p0:k0 + n, :n] /= norm[:, None]
+            l[p0:k0 + n] /= norm
+            u[p0:k0 + n] /= norm
 
         # points: positions and Jacobians at the current state
         pts, jac = self._kinematics(q)
@@ -720,6 +731,35 @@ class SafetyFilter:
         self._qp_bounds()
         self._q[:n] = -u_nom
         return None
+
+    def _unreachable_rows(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+        """Free the coupled world-model rows that no command in the box [lo, hi] can meet.
+
+        Such a row means that, for the model, the joint's velocity and the drive's lag already
+        carry it to within the robust margin of its limit in this period (a relative-degree-two
+        effect a one-step row cannot express). Its position row is replaced by the exact command
+        rule "no further into that limit" (``lo``/``hi`` are tightened in place) and its braking
+        row is left to the command braking bound; a box that becomes empty is a conflict
+        (returned as a mask), i.e. a controlled stop. The position limit itself is never slacked.
+        """
+        n, p0 = self.n, self._r_pos
+        rows = slice(p0, p0 + 2 * n)  # n position rows, then n braking rows
+        a = self._A[rows, :n]
+        pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+        m = self.HARD_MARGIN_RADPS
+        up_bad = pos @ lo + neg @ hi > self._u[rows] - m
+        lo_bad = pos @ hi + neg @ lo < self._l[rows] + m
+        bad = np.flatnonzero(up_bad | lo_bad)
+        if not bad.size:
+            return None
+        self._l[p0 + bad], self._u[p0 + bad] = -np.inf, np.inf
+        for r in bad[bad < n]:
+            if up_bad[r]:
+                hi[r], self._hi_src[r] = min(hi[r], 0.0), 2
+            if lo_bad[r]:
+                lo[r], self._lo_src[r] = max(lo[r], 0.0), 2
+        empty = lo > hi
+        return empty if empty.any() else None
 
     def _merge(self, box_lo, box_hi, pos_lo, pos_hi, brk_lo, brk_hi):
         """Per-joint intersection of the box, position and braking bounds (kinematic model).
