@@ -1,0 +1,1179 @@
+"""Benchmark of the control path (issue #4): stage compute, end-to-end latency, vs a typical build, memory.
+
+Four parts, each printed as a table (``--json`` gives the same numbers as one JSON document):
+
+1. **Stages, in process** (``robot_wm.core`` objects, no ROS): a closed loop at 100 Hz on a
+   kinematic arm (q += u dt) that does exactly what the policy and safety_filter nodes compute
+   each period: tool FK (pinocchio) + ``PolicyRunner.act`` (ONNX); ``WorldModelRunner.linearize``
+   (batch 13) + ``predict`` (batch 1), the F/T frame pose, ``SafetySupervisor.step`` (CBF-QP:
+   kinematics, assembly, OSQP). The nominal command is the policy's, interleaved every 150
+   periods with the adversarial segments of bench_safety_filter.py (full speed into the joint
+   limits, DLS down into the table / into the keep-out box) so that the QP is active in a fair
+   share of periods. p50 / p99 / max in µs per stage, over all periods (QP rows: periods that
+   solved a QP). Ours = the shipped models/*.onnx.
+
+2. **End to end under ROS** (loopback DDS, a ROS domain of its own), at control rates 100, 250,
+   500 and 1000 Hz (``control_period_s`` on policy, world_model, safety_filter, set through
+   ``robot_wm.graph.plan(overrides=...)``, which reaches every hosted node of the composed process
+   too; arm_sim's ``publish_rate_hz`` stays 500 unless the control rate is above it, then it is
+   raised to the control rate, at most 1000 Hz), in four modes: ``separate`` (arm_sim,
+   safety_filter, world_model, policy, goal_sequencer each in its own process, as ``robot-wm
+   up``) and ``composed`` (``robot-wm up --composed``: safety_filter + world_model + policy in one
+   process), both on the shipped executor (robot_wm.nodes.runner.make_executor: rclpy's
+   EventsExecutor), and ``separate_single`` / ``composed_single``: the same stacks with
+   ``ROBOT_WM_EXECUTOR=single`` in the environment of every node process, i.e. on rclpy's
+   SingleThreadedExecutor, the typical rclpy set-up (the baseline of the "ours vs typical
+   executor" rows). Default: separate and composed at every rate, the *_single baselines at the
+   lowest rate (100 Hz); ``--full`` or ``--modes``: every mode at every rate. Runs go rate by
+   rate, so that each mode and its baseline run back to back.
+   The processes come from ``robot_wm.graph.plan`` and are owned by a
+   ``robot_wm.supervisor.Supervisor`` (SIGINT, then SIGKILL after the grace period, in a
+   ``finally``). Two measurements per configuration:
+
+   * **in the chain** (default): the safety_filter process (or the composed one) is started
+     through this script (``--child``), which wraps three methods of the unchanged
+     ``SafetyFilterNode`` class to record wall-clock ``time.time_ns()``: the ``header.stamp`` of
+     the JointState each control step consumed (arm_sim stamps it right before publishing; the
+     control nodes take the newest one, depth-1 QoS), when the step began, and when the command
+     was handed to ``publish()``. The executor is the runner's own choice (``make_executor``,
+     from ``ROBOT_WM_EXECUTOR``); the child only notes which class it built. Reported: **latency
+     = command publish call − consumed JointState stamp** (= DDS delivery of the state + wait for
+     the control timer + compute), its parts, and missed periods = intervals between
+     consecutive command publishes > 1.5 periods (every period is recorded in the process, so
+     this is independent of what an observer receives). ``--no-instrument`` starts the node
+     modules unwrapped (``command_for(spec)`` exactly).
+   * **external**: this process subscribes to /joint_states and
+     /forward_velocity_controller/commands with ``(msg, MessageInfo)`` callbacks. Latency = the
+     command's DDS ``source_timestamp`` − the ``header.stamp`` of the newest JointState whose
+     ``source_timestamp`` precedes it (the freshest state that existed when the command went
+     out; the filter may have used an older one if delivery lagged, so this can read lower than
+     the in-chain number, and higher if this observer dropped states). Missed periods here use
+     the commands' source timestamps as received (an observer drop also counts).
+
+   The "ours vs typical executor" rows at the end compare each mode with its *_single baseline
+   at the same rate (ratio = typical / ours: > 1 = the EventsExecutor is faster / cheaper).
+
+   1 kHz: the control nodes accept ``control_period_s`` in [0.001, 0.1] s, so 1 kHz is
+   attempted; the table shows the command rate actually achieved and the missed periods. The
+   filter's ``stale_limit_periods`` (config/safety.yaml) counts control periods, so at 1 kHz an
+   input older than a few ms is a controlled stop: the per-configuration line of filter states
+   (OK / FILTERING / STOPPING / STOPPED / FAULT) shows how much of the window that was. A
+   control process that refuses its configuration (exit 2, "configuration error") is reported
+   as ``refused`` with its message; arm_sim is still measured.
+
+3. **Ours vs a typical implementation**, one table of p50 (p99) times and ratios on the same
+   inputs: torch eager networks (the training modules, ``no_grad``, 1 thread, the checkpoint in
+   runs/ that the shipped ONNX was exported from when present, else the same architecture
+   untrained: latency only) vs onnxruntime; the QP as cvxpy code is usually written (a new
+   ``cp.Problem`` per period, bench_safety_filter.cvxpy_solve) vs the warm OSQP update+solve;
+   the whole filter step with both swapped in (typical = measured torch + cvxpy times + the
+   filter's own non-QP time of that period); and rclpy executors: a timer -> publish ->
+   subscription hop between two nodes of one process at 500 Hz, ours = the EventsExecutor (what
+   robot_wm's runner uses by default, the composed process included) vs typical = the
+   SingleThreadedExecutor (``ROBOT_WM_EXECUTOR=single``), both built by ``make_executor``.
+
+4. **Memory per process** after warm-up (end of each configuration's window): RSS, PSS and USS
+   (psutil when installed, else /proc/<pid>/smaps_rollup), for every process of each stack
+   (printed for its first rate, every rate in the JSON), with each process's CPU use in the
+   window (/proc/<pid>/stat) and that of this script's observer.
+
+Usage: python bench/bench_control_path.py [--quick | --full] [--json [PATH]] [--rates 100,250,500,1000]
+       [--modes separate,composed,separate_single,composed_single] [--parts stages,typical,executor,e2e]
+       [--seconds S] [--periods N] [--no-instrument] [--logs DIR]
+Default (``make bench``): 5 s per configuration after 1.5 s warm-up, separate + composed at every
+rate and both *_single baselines at 100 Hz (10 configurations, about 2.5-3 min on 2 cores);
+--quick: 3 s per configuration, the same 10 configurations, fewer samples (about 2 min); --full:
+10 s per configuration, every mode at every rate, more samples (about 6 min). --logs DIR keeps the
+node logs and filter records. Prints numbers only; timings are never pass/fail.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+
+DT = 0.01  # the in-process loop's period: the models' control_dt_s (= bench_safety_filter.DT)
+
+RATES_HZ = (100, 250, 500, 1000)
+MAIN_MODES = ("separate", "composed")  # the shipped executor (runner.make_executor's default: EventsExecutor)
+BASELINE_MODES = ("separate_single", "composed_single")  # the same stacks with ROBOT_WM_EXECUTOR=single
+MODES = MAIN_MODES + BASELINE_MODES
+EXECUTOR_ENV = "ROBOT_WM_EXECUTOR"  # read by robot_wm.nodes.runner.make_executor
+EXECUTOR_CLASS = {"events": "EventsExecutor", "single": "SingleThreadedExecutor"}
+PARTS = ("stages", "typical", "executor", "e2e")
+CONTROL_NODES = ("safety_filter", "world_model", "policy")
+COMMAND_TOPIC = "/forward_velocity_controller/commands"
+ARM_DEFAULT_RATE_HZ = 500.0
+ARM_MAX_RATE_HZ = 1000.0  # arm_sim's declared range of publish_rate_hz ends here
+PERIOD_RANGE_S = (0.001, 0.1)  # ControlNode's declared range of control_period_s (1 kHz is allowed)
+
+PRESETS = {  # per-configuration seconds, warm-up, in-process periods, cvxpy samples, executor seconds
+    "quick": dict(seconds=3.0, warmup=1.0, periods=800, cvxpy_samples=60, executor_seconds=1.0),
+    "default": dict(seconds=5.0, warmup=1.5, periods=2000, cvxpy_samples=150, executor_seconds=1.5),
+    "full": dict(seconds=10.0, warmup=3.0, periods=6000, cvxpy_samples=300, executor_seconds=3.0),
+}
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def stats_us(values_ns) -> dict[str, float]:
+    """p50 / p99 / max / mean (µs) and the count of nanosecond durations."""
+    v = np.asarray(values_ns, dtype=float) / 1e3
+    if v.size == 0:
+        return {"n": 0, "p50_us": math.nan, "p99_us": math.nan, "max_us": math.nan, "mean_us": math.nan}
+    return {"n": int(v.size), "p50_us": float(np.percentile(v, 50)), "p99_us": float(np.percentile(v, 99)),
+            "max_us": float(v.max()), "mean_us": float(v.mean())}
+
+
+def _fmt(s: dict[str, float], scale: float = 1.0, unit: str = "µs", width: int = 8, digits: int = 1) -> str:
+    if not s or not s.get("n"):
+        return "(none)"
+    f = f"{{:{width}.{digits}f}}"
+    return (f"p50 {f.format(s['p50_us'] * scale)} p99 {f.format(s['p99_us'] * scale)} "
+            f"max {f.format(s['max_us'] * scale)} {unit}  (n={s['n']})")
+
+
+class Out:
+    """Human-readable lines: stdout, or stderr when the JSON document goes to stdout."""
+
+    def __init__(self, to_stderr: bool) -> None:
+        self.stream = sys.stderr if to_stderr else sys.stdout
+
+    def __call__(self, *lines: str) -> None:
+        for line in lines:
+            print(line, file=self.stream, flush=True)
+
+
+# ------------------------------------------------------------------------- part 1: stages in process
+@dataclasses.dataclass
+class HotPath:
+    """The objects the policy and safety_filter nodes build in on_configure (shipped models)."""
+
+    names: tuple[str, ...]
+    task: Any
+    kin_policy: Any
+    kin_filter: Any
+    policy: Any
+    wm: Any
+    filt: Any
+    sup: Any
+
+
+def build_hot_path(dt_s: float = DT) -> HotPath:
+    """Build the hot path exactly as the nodes do (own Kinematics per node, shipped ONNX models)."""
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+    from robot_wm.core.policy_runner import PolicyRunner
+    from robot_wm.core.safety import SafetyFilter, SafetySupervisor, load_safety_limits
+    from robot_wm.core.task import load_task
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.paths import data_path
+
+    urdf = description.expand()
+    names = tuple(description.joint_limits(urdf).names)
+    task = load_task()
+    kin_filter = Kinematics(urdf, names)
+    filt = SafetyFilter(load_safety_limits(), kin_filter, dt_s, require_model=True)
+    return HotPath(
+        names=names, task=task, kin_policy=Kinematics(urdf, names), kin_filter=kin_filter,
+        policy=PolicyRunner(data_path("models", "policy.onnx"), names, task.control_dt_s),
+        wm=WorldModelRunner(data_path("models", "world_model.onnx"), names, task.control_dt_s),
+        filt=filt, sup=SafetySupervisor(filt, latch_faults=True),
+    )
+
+
+STAGE_LABELS = {
+    "kinematics.tool_position": "pinocchio tool FK (policy node)",
+    "kinematics.ft_frame_pose": "pinocchio F/T frame pose (filter node)",
+    "kinematics.filter_points": "pinocchio points+Jacobians (in the filter)",
+    "policy.act": "make_obs + PolicyRunner.act (ONNX)",
+    "world_model.linearize": "WorldModelRunner.linearize (batch 13)",
+    "world_model.predict": "WorldModelRunner.predict (batch 1)",
+    "world_model.predict+linearize": "world model predict + linearize",
+    "qp.osqp_update_solve": "OSQP update+solve (QP periods)",
+    "filter.supervisor_step": "SafetySupervisor.step, all periods",
+    "filter.supervisor_step_qp": "SafetySupervisor.step, QP periods",
+    "node.policy_step": "policy control_step compute",
+    "node.safety_filter_step": "safety_filter control_step compute",
+    "node.period_total": "policy + safety_filter compute / period",
+}
+
+
+def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None,
+                  keep_samples: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the closed loop for ``periods`` periods; return (result, per-period samples if kept).
+
+    result: ``{"stages": {key: stats_us}, "periods", "qp_periods", "states": {name: count}}``.
+    """
+    from bench_safety_filter import HOME  # the filter benchmark's start pose (shared set-up)
+    from robot_wm.core.policy_runner import make_obs
+    from robot_wm.core.reacher import DlsReacher
+    from robot_wm.core.safety import FilterInput, LinearizedModel
+
+    hp = hot or build_hot_path()
+    limits = hp.filt.limits
+    rng = np.random.default_rng(seed)
+    reacher = DlsReacher(hp.kin_filter, HOME, limits.vel_max_radps * 1.5, max_tool_speed_mps=0.8)
+    box = np.array(limits.keepout_boxes_m[:6], dtype=float) if len(limits.keepout_boxes_m) >= 6 else None
+    box_center = 0.5 * (box[:3] + box[3:]) if box is not None else np.array([-0.5, 0.0, 0.2])
+    goal = hp.task.sample_goals(rng, 1)[0]
+    mode, burst = "reach", np.zeros(6)
+    q, qd = HOME.copy(), np.zeros(6)
+    hp.wm.reset()
+    keys = [k for k in STAGE_LABELS if k not in ("filter.supervisor_step_qp", "qp.osqp_update_solve")]
+    t = {k: np.zeros(periods, dtype=np.int64) for k in keys}
+    qp_ns, step_qp_ns, states, samples = [], [], {}, []
+    warm = min(100, periods)
+    pc = time.perf_counter_ns
+    for i in range(-warm, periods):  # negative i: warm-up periods, not recorded
+        if i % 150 == 0:
+            mode = rng.choice(["reach", "reach", "reach", "limits", "table", "keepout"])
+            goal = hp.task.sample_goals(rng, 1)[0]
+            burst = rng.choice([-1.0, 1.0], 6) * limits.vel_max_radps * 2.0
+        t0 = pc()
+        tool = hp.kin_policy.tool_position_m(q)
+        t1 = pc()
+        obs = make_obs(q, qd, tool, goal)
+        action = hp.policy.act(obs)
+        t2 = pc()
+        if mode == "reach":
+            nominal = action
+        elif mode == "limits":
+            nominal = burst
+        else:
+            nominal = reacher(q, np.array([-0.5, -0.1, -0.3]) if mode == "table" else box_center)
+        hist = hp.wm.action_history if keep_samples else None
+        t3 = pc()
+        f0, jac = hp.wm.linearize(q, qd, nominal)
+        t4 = pc()
+        sigma = hp.wm.predict(q, qd, nominal, commit=False).total_std
+        t5 = pc()
+        _ = hp.kin_filter.frame_pose(q, "ft_sensor_link").rotation
+        t6 = pc()
+        out = hp.sup.step(FilterInput(q_rad=q, qdot_radps=qd, u_nominal_radps=nominal,
+                                      model=LinearizedModel(f0, jac, sigma), input_age_periods=0.5))
+        t7 = pc()
+        hp.wm.commit(out.u_safe_radps)
+        t8 = pc()
+        hp.filt._kinematics(q)  # the filter's own FK + Jacobians, timed alone (step recomputes it)
+        t9 = pc()
+        solved = out.solver_status != 0
+        if i >= 0:
+            for key, val in (("kinematics.tool_position", t1 - t0), ("kinematics.ft_frame_pose", t6 - t5),
+                             ("kinematics.filter_points", t9 - t8), ("policy.act", t2 - t1),
+                             ("world_model.linearize", t4 - t3), ("world_model.predict", t5 - t4),
+                             ("world_model.predict+linearize", t5 - t3), ("filter.supervisor_step", t7 - t6),
+                             ("node.policy_step", t2 - t0), ("node.safety_filter_step", t7 - t3),
+                             ("node.period_total", (t2 - t0) + (t7 - t3))):
+                t[key][i] = val
+            states[out.state.name] = states.get(out.state.name, 0) + 1
+            if solved:
+                qp_ns.append(int(out.solve_time_s * 1e9))
+                step_qp_ns.append(t7 - t6)
+            if keep_samples:
+                f = hp.filt
+                samples.append(dict(
+                    q=q.copy(), qd=qd.copy(), obs=obs.copy(), nominal=np.array(nominal, dtype=float), hist=hist,
+                    t_act=t2 - t1, t_lin=t4 - t3, t_pred=t5 - t4, t_ft=t6 - t5, t_step=t7 - t6,
+                    t_qp=int(out.solve_time_s * 1e9) if solved else 0, action=action.copy(), f0=f0.copy(),
+                    snap=(f._A.copy(), f._l_qp.copy(), f._u_qp.copy(), f._q.copy(), out.u_safe_radps.copy())
+                    if solved else None))
+        # the kinematic arm
+        qd = np.asarray(out.u_safe_radps, dtype=float)
+        q = q + qd * DT
+        if hp.sup.latched_fault is not None:
+            hp.sup.reset()
+        if out.is_stop and not np.any(qd):  # stopped for good (e.g. deep in a keep-out): start over
+            q, qd = HOME.copy(), np.zeros(6)
+            hp.wm.reset()
+    stages = {k: stats_us(v) for k, v in t.items()}
+    stages["qp.osqp_update_solve"] = stats_us(qp_ns)
+    stages["filter.supervisor_step_qp"] = stats_us(step_qp_ns)
+    stages = {k: stages[k] for k in STAGE_LABELS}
+    return {"stages": stages, "periods": periods, "qp_periods": len(qp_ns), "states": states}, samples
+
+
+def print_stages(say: Out, res: dict[str, Any]) -> None:
+    say(f"\n== 1. stages in process ({res['periods']} periods at {1 / DT:.0f} Hz, QP solved in "
+        f"{res['qp_periods']}; states {res['states']})")
+    say(f"  {'stage':<30} {'what':<44} {'p50 µs':>9} {'p99 µs':>9} {'max µs':>9} {'n':>6}")
+    for key, label in STAGE_LABELS.items():
+        s = res["stages"][key]
+        say(f"  {key:<30} {label:<44} {s['p50_us']:9.1f} {s['p99_us']:9.1f} {s['max_us']:9.1f} {s['n']:6d}")
+
+
+# ------------------------------------------------------------------ part 3: vs a typical implementation
+def torch_modules(hp: HotPath, wm_pt: Path | None, policy_pt: Path | None):
+    """The torch world model and actor: from the checkpoints when given and present, else untrained."""
+    from robot_wm.learning.config import load_section
+    from robot_wm.learning.pipeline import load_policy_checkpoint
+    from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig
+    from robot_wm.learning.world_model import WorldModel, WorldModelConfig, load_checkpoint
+    from robot_wm.core.task import OBS_DIM
+    from robot_wm.paths import config_path
+
+    if wm_pt and wm_pt.is_file():
+        wm, _ = load_checkpoint(wm_pt)
+        wm_src = str(wm_pt)
+    else:
+        wm = WorldModel(load_section(config_path("training.yaml"), "world_model", WorldModelConfig), hp.names,
+                        hp.task.control_dt_s)
+        wm_src = "untrained, same architecture"
+    if policy_pt and policy_pt.is_file():
+        actor, _ = load_policy_checkpoint(policy_pt)
+        pol_src = str(policy_pt)
+    else:
+        cfg = load_section(config_path("training.yaml"), "policy", PolicyConfig)
+        actor = Actor(ObsNormalizer(np.zeros(OBS_DIM), np.ones(OBS_DIM)), np.asarray(hp.task.action_limit_radps),
+                      cfg.hidden)
+        pol_src = "untrained, same architecture"
+    return wm.eval(), wm_src, actor.eval(), pol_src
+
+
+def _torch_calls(torch, wm, actor, eps: float):
+    """Typical torch eager versions of the runner calls (same algorithm: central differences, batch 13)."""
+    n = 6
+    delta = np.vstack([np.zeros(n), eps * np.eye(n), -eps * np.eye(n)])
+
+    def act(obs):
+        with torch.no_grad():
+            return actor(torch.as_tensor(obs, dtype=torch.float32)[None])[0].numpy().astype(np.float64)
+
+    def linearize(q, qd, hist, a):
+        acts = a[None] + delta
+        window = np.concatenate([np.repeat(hist[None], len(acts), 0), acts[:, None, :]], axis=1)
+        with torch.no_grad():
+            out = wm(torch.as_tensor(np.repeat(q[None], len(acts), 0), dtype=torch.float32),
+                     torch.as_tensor(np.repeat(qd[None], len(acts), 0), dtype=torch.float32),
+                     torch.as_tensor(window, dtype=torch.float32))
+        x = torch.cat([out[0], out[1]], dim=-1).double().numpy()
+        return x[0], (x[1:1 + n] - x[1 + n:]).T / (2 * eps)
+
+    def predict(q, qd, hist, a):
+        window = np.concatenate([hist, a[None]], axis=0)[None]
+        with torch.no_grad():
+            out = wm(torch.as_tensor(q[None], dtype=torch.float32), torch.as_tensor(qd[None], dtype=torch.float32),
+                     torch.as_tensor(window, dtype=torch.float32))
+        return np.sqrt(out[2][0].double().numpy() + out[3][0].double().numpy())
+
+    return act, linearize, predict
+
+
+def typical_comparison(hp: HotPath, samples: list[dict[str, Any]], cvxpy_samples: int, wm_pt: Path | None,
+                       policy_pt: Path | None, seed: int = 0) -> dict[str, Any]:
+    """Ours vs typical on the same recorded periods; returns rows of p50/p99 and ratios."""
+    import torch
+    from bench_safety_filter import cvxpy_solve  # the cvxpy formulation of the same QP
+
+    torch.set_num_threads(1)
+    wm_t, wm_src, actor_t, pol_src = torch_modules(hp, wm_pt, policy_pt)
+    act_t, lin_t, pred_t = _torch_calls(torch, wm_t, actor_t, hp.wm.fd_step_radps)
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(samples), size=min(len(samples), max(200, cvxpy_samples)), replace=False)
+    pc = time.perf_counter_ns
+    for s in (samples[k] for k in pick[:30]):  # warm-up of both
+        hp.policy.act(s["obs"]), act_t(s["obs"]), lin_t(s["q"], s["qd"], s["hist"], s["nominal"])
+        pred_t(s["q"], s["qd"], s["hist"], s["nominal"])
+    ours = {"act": [], "lin": [], "pred": []}
+    typ = {"act": [], "lin": [], "pred": []}
+    d_act, d_f0 = [], []
+    hist_saved = hp.wm.action_history
+    for k in pick:  # interleaved, same inputs, same conditions
+        s = samples[k]
+        hp.wm.reset(action_history=s["hist"])
+        t0 = pc(); a = hp.policy.act(s["obs"]); t1 = pc()  # noqa: E702
+        a_t = act_t(s["obs"]); t2 = pc()  # noqa: E702
+        f0, _ = hp.wm.linearize(s["q"], s["qd"], s["nominal"]); t3 = pc()  # noqa: E702
+        f0_t, _ = lin_t(s["q"], s["qd"], s["hist"], s["nominal"]); t4 = pc()  # noqa: E702
+        hp.wm.predict(s["q"], s["qd"], s["nominal"], commit=False); t5 = pc()  # noqa: E702
+        pred_t(s["q"], s["qd"], s["hist"], s["nominal"]); t6 = pc()  # noqa: E702
+        ours["act"].append(t1 - t0), typ["act"].append(t2 - t1)
+        ours["lin"].append(t3 - t2), typ["lin"].append(t4 - t3)
+        ours["pred"].append(t5 - t4), typ["pred"].append(t6 - t5)
+        lim = hp.policy.action_limit_radps  # the runner clips to it; compare like with like
+        d_act.append(float(np.max(np.abs(np.clip(a_t, -lim, lim) - a))))
+        d_f0.append(float(np.max(np.abs(f0_t - f0))))
+    hp.wm.reset(action_history=hist_saved)
+
+    rows = [
+        _row("policy inference", "ORT PolicyRunner.act", "torch eager Actor", ours["act"], typ["act"]),
+        _row("world model linearize (13)", "ORT batch 13", "torch eager batch 13", ours["lin"], typ["lin"]),
+        _row("world model predict (1)", "ORT batch 1", "torch eager batch 1", ours["pred"], typ["pred"]),
+    ]
+    qp_samples = [s for s in samples if s["snap"] is not None]
+    cvx: dict[str, Any] = {}
+    try:
+        import cvxpy as cp
+    except ImportError:
+        cvx = {"skipped": "cvxpy not installed (requirements-test.txt)"}
+    if qp_samples and not cvx:
+        sel = rng.choice(len(qp_samples), size=min(cvxpy_samples, len(qp_samples)), replace=False)
+        cvx_ns, ours_qp, ours_whole, typ_whole, diffs, solvers = [], [], [], [], [], set()
+        failures = 0
+        for j, k in enumerate(sel):
+            s = qp_samples[k]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Solution may be inaccurate": counted below instead
+                x, wall, name = cvxpy_solve(cp, hp.filt, s["snap"])
+            if j < 3:
+                continue  # cvxpy's first calls compile its canonicalization: warm-up
+            solvers.add(name)
+            if np.all(np.isfinite(x)):
+                diffs.append(float(np.max(np.abs(x - s["snap"][4]))))
+            else:
+                failures += 1
+            t_cvx = int(wall * 1e9)
+            cvx_ns.append(t_cvx)
+            ours_qp.append(s["t_qp"])
+            t0 = pc(); lin_t(s["q"], s["qd"], s["hist"], s["nominal"]); t1 = pc()  # noqa: E702
+            pred_t(s["q"], s["qd"], s["hist"], s["nominal"]); t2 = pc()  # noqa: E702
+            ours_whole.append(s["t_lin"] + s["t_pred"] + s["t_ft"] + s["t_step"])
+            typ_whole.append((t1 - t0) + (t2 - t1) + s["t_ft"] + (s["t_step"] - s["t_qp"]) + t_cvx)
+        rows.append(_row("QP solve", "OSQP warm update+solve", "cvxpy new Problem/period", ours_qp, cvx_ns))
+        rows.append(_row("whole filter step (QP periods)", "ORT + OSQP", "torch + cvxpy", ours_whole, typ_whole))
+        cvx = {"solvers": sorted(solvers), "samples": len(cvx_ns), "no_solution": failures,
+               "agreement_max_abs_radps": float(np.max(diffs)) if diffs else math.nan,
+               "agreement_median_abs_radps": float(np.median(diffs)) if diffs else math.nan}
+    elif not qp_samples and not cvx:
+        cvx = {"skipped": "no QP period in the stream"}
+    return {"rows": rows, "torch": {"version": torch.__version__, "threads": 1, "world_model": wm_src,
+                                    "policy": pol_src},
+            "parity": {"policy_max_abs_radps": float(np.max(d_act)), "world_model_f0_max_abs": float(np.max(d_f0)),
+                       "note": "torch vs the shipped ONNX, same inputs (meaningful for trained checkpoints only)"},
+            "cvxpy": cvx}
+
+
+def _row(name: str, ours_label: str, typical_label: str, ours_ns, typ_ns) -> dict[str, Any]:
+    o, t = stats_us(ours_ns), stats_us(typ_ns)
+    return {"name": name, "ours": ours_label, "typical": typical_label, "ours_us": o, "typical_us": t,
+            "ratio_p50": t["p50_us"] / o["p50_us"], "ratio_p99": t["p99_us"] / o["p99_us"]}
+
+
+# -------------------------------------------------------------- part 3b: executor timer/pub/sub overhead
+def executor_hop(kind: str, seconds: float, period_s: float = 0.002) -> dict[str, Any]:
+    """Timer -> publish -> subscription between two nodes spun by ONE executor of kind ``kind``.
+
+    ``kind``: "EventsExecutor" (robot_wm's default) or "SingleThreadedExecutor", built by
+    ``robot_wm.nodes.runner.make_executor`` as the node processes build theirs. Returns hop
+    latency (publish call -> subscription callback), timer lateness vs its nominal
+    schedule and the process CPU time per period (executor + rclpy overhead; the callbacks do
+    almost nothing).
+    """
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.node import Node
+    from rclpy.signals import SignalHandlerOptions
+    from std_msgs.msg import Float64MultiArray
+
+    from robot_wm.nodes.runner import make_executor
+
+    ctx = Context()
+    rclpy.init(context=ctx, signal_handler_options=SignalHandlerOptions.NO)
+    nodes, executor = [], None
+    try:
+        a, b = Node("bench_cp_ping", context=ctx), Node("bench_cp_pong", context=ctx)
+        nodes = [a, b]
+        pub = a.create_publisher(Float64MultiArray, "/bench_control_path/ping", 10)
+        fires, hops = [], []
+
+        def on_timer() -> None:
+            now = time.perf_counter_ns()
+            fires.append(now)
+            pub.publish(Float64MultiArray(data=[float(now)]))
+
+        b.create_subscription(Float64MultiArray, "/bench_control_path/ping",
+                              lambda m: hops.append(time.perf_counter_ns() - int(m.data[0])), 10)
+        a.create_timer(period_s, on_timer)
+        executor = make_executor(ctx, {v: k for k, v in EXECUTOR_CLASS.items()}[kind])
+        assert type(executor).__name__ == kind, (kind, type(executor).__name__)
+        for n in nodes:
+            executor.add_node(n)
+        warm_end = time.monotonic() + 0.5
+        while time.monotonic() < warm_end:  # discovery + warm-up
+            executor.spin_once(timeout_sec=0.05)
+        n_fire0, n_hop0 = len(fires), len(hops)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        end = wall0 + seconds
+        while time.monotonic() < end:
+            executor.spin_once(timeout_sec=0.05)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        f = np.asarray(fires[n_fire0:], dtype=float)
+        late = np.diff(f) - period_s * 1e9 if f.size > 1 else np.array([])
+        periods = max(1, len(fires) - n_fire0)
+        return {"hop": stats_us(hops[n_hop0:]), "timer_interval_error": stats_us(np.abs(late)),
+                "cpu_us_per_period": 1e6 * cpu / periods, "rate_hz": periods / wall, "period_s": period_s}
+    finally:
+        for n in nodes:
+            if executor is not None:
+                executor.remove_node(n)
+            n.destroy_node()
+        if executor is not None:
+            executor.shutdown(timeout_sec=1.0)
+        if ctx.ok():
+            rclpy.shutdown(context=ctx)
+
+
+# ---------------------------------------------------------------------- part 2 + 4: the stack under ROS
+def _child(argv: list[str]) -> int:
+    """``--child MODULE RECORD_PATH --ros-args ...``: run a node module with the filter instrumented.
+
+    The SafetyFilterNode class is unchanged except for three thin wrappers that note wall-clock
+    times (see the module docstring). The executor is whatever the runner's ``make_executor``
+    builds from $ROBOT_WM_EXECUTOR (set by the parent per mode); a pass-through wrapper only
+    notes its class. The records are written when the process stops (SIGINT), the executor's
+    class next to them (RECORD_PATH with the suffix .executor).
+    """
+    module, record_path = argv[0], argv[1]
+    ros_args = argv[2:]
+    from robot_wm.nodes import runner
+    from robot_wm.nodes.safety_filter_node import SafetyFilterNode as cls
+
+    records: list[tuple[int, int, int, int, int]] = []
+    built: list[str] = []
+    orig_js, orig_step, orig_pub = cls._on_joint_state, cls.control_step, cls._publish
+    orig_make_executor = runner.make_executor
+
+    def on_joint_state(self, msg) -> None:
+        self._bench_js = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec, time.time_ns())
+        orig_js(self, msg)
+
+    def control_step(self) -> None:
+        self._bench_t0 = time.time_ns()
+        orig_step(self)
+
+    def publish(self, u, out, reason) -> None:
+        t = time.time_ns()
+        stamp, rx = getattr(self, "_bench_js", (0, 0))
+        records.append((stamp, rx, getattr(self, "_bench_t0", t), t, -1 if out is None else int(out.state)))
+        orig_pub(self, u, out, reason)
+
+    def make_executor(context, kind=None):  # selection unchanged: only note what was built
+        executor = orig_make_executor(context, kind)
+        built.append(type(executor).__name__)
+        return executor
+
+    cls._on_joint_state, cls.control_step, cls._publish = on_joint_state, control_step, publish
+    runner.make_executor = make_executor
+    sys.argv = [module, *ros_args]
+    code: Any = 0
+    try:
+        importlib.import_module(module).main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        np.save(record_path, np.asarray(records, dtype=np.int64).reshape(-1, 5))
+        Path(record_path).with_suffix(".executor").write_text(",".join(built))
+    return int(code or 0)
+
+
+def executor_kind(mode: str) -> str:
+    """The executor a mode runs its node processes on: "single" for the *_single baselines, else "events"."""
+    return "single" if mode.endswith("_single") else "events"
+
+
+def mode_env(mode: str, env: dict[str, str]) -> dict[str, str]:
+    """The node processes' environment for ``mode``: the shipped default (no $ROBOT_WM_EXECUTOR) or =single."""
+    env = dict(env)
+    env.pop(EXECUTOR_ENV, None)
+    if executor_kind(mode) == "single":
+        env[EXECUTOR_ENV] = "single"
+    return env
+
+
+def config_plan(modes: list[str], rates: list[float], every_rate: bool) -> list[tuple[str, float]]:
+    """(mode, rate) configurations in run order: rate by rate, so a mode and its baseline run back to back.
+
+    ``every_rate``: every mode at every rate; otherwise the *_single baselines only at the lowest rate.
+    """
+    low = min(rates) if rates else None
+    return [(m, r) for r in rates for m in modes if every_rate or m not in BASELINE_MODES or r == low]
+
+
+def _specs_for(mode: str, rate_hz: float) -> tuple[list, float]:
+    """The ProcessSpecs of ``robot-wm up`` [--composed] with the control period set; return (specs, arm rate).
+
+    ``control_period_s`` goes in as a plan override, which ``command_for`` hands to every hosted node
+    of the composed process (node-qualified ``-p``); nodes that do not declare it ignore it.
+    """
+    from robot_wm.graph import plan
+
+    arm_rate = min(max(ARM_DEFAULT_RATE_HZ, rate_hz), ARM_MAX_RATE_HZ)
+    specs = []
+    for s in plan("mujoco", composed=mode.startswith("composed"), overrides={"control_period_s": 1.0 / rate_hz}):
+        if s.needs_ros_install:
+            continue  # robot_state_publisher: not started by `robot-wm up` without a ROS install either
+        if s.name == "arm_sim":
+            s = dataclasses.replace(s, parameters={**s.parameters, "publish_rate_hz": float(arm_rate)})
+        specs.append(s)
+    return specs, arm_rate
+
+
+def _command(spec, record: Path | None) -> list[str]:
+    """``command_for(spec)``; the safety_filter (or composed) process via ``--child`` when ``record`` is given."""
+    from robot_wm.supervisor import command_for
+
+    cmd = command_for(spec)
+    if record is not None and (spec.name == "safety_filter" or "safety_filter" in spec.composes):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", spec.module, str(record),
+               *cmd[cmd.index("--ros-args"):]]
+    return cmd
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat); 0.0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """RSS, PSS and USS of a process in MiB (psutil when installed, else /proc/<pid>/smaps_rollup)."""
+    try:
+        import psutil
+
+        info = psutil.Process(pid).memory_full_info()
+        return {"rss_mib": info.rss / 2**20, "pss_mib": info.pss / 2**20, "uss_mib": info.uss / 2**20,
+                "source": "psutil"}
+    except ImportError:
+        pass
+    fields: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            fields[parts[0].rstrip(":")] = int(parts[1])  # kB
+    uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+    return {"rss_mib": fields.get("Rss", 0) / 1024, "pss_mib": fields.get("Pss", 0) / 1024, "uss_mib": uss / 1024,
+            "source": "/proc/smaps_rollup"}
+
+
+class Recorder:
+    """Observer in this process: /joint_states (stamp, source time) and commands (source, receive time)."""
+
+    def __init__(self, context) -> None:
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.node import Node
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Float64MultiArray
+
+        self.node = Node("bench_control_path_observer", context=context)
+        qos = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
+        self.js: list[tuple[int, int]] = []
+        self.cmd: list[tuple[int, int]] = []
+        self.moving = False  # a non-zero command was seen: the policy's nominal got through the filter
+        self.node.create_subscription(JointState, "/joint_states", self._on_js, qos)
+        self.node.create_subscription(Float64MultiArray, COMMAND_TOPIC, self._on_cmd, qos)
+        # the observer is not a robot_wm node: it stays on rclpy's plain SingleThreadedExecutor in every mode
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def _on_js(self, msg, info) -> None:
+        self.js.append((msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec, info["source_timestamp"]))
+
+    def _on_cmd(self, msg, info) -> None:
+        self.cmd.append((info["source_timestamp"], info["received_timestamp"]))
+        if not self.moving and any(msg.data):
+            self.moving = True
+
+    def clear(self) -> None:
+        self.js, self.cmd, self.moving = [], [], False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self.executor.remove_node(self.node)
+        self.node.destroy_node()
+        self.executor.shutdown(timeout_sec=1.0)
+
+
+def _gaps(times_ns: np.ndarray, period_s: float) -> dict[str, Any]:
+    """Inter-arrival stats and missed periods (intervals > 1.5 periods) of a sorted time series."""
+    if times_ns.size < 2:
+        return {"n": int(times_ns.size), "missed": 0, "missed_pct": math.nan, "rate_hz": math.nan,
+                "interval": stats_us([])}
+    d = np.diff(times_ns)
+    missed = int(np.sum(d > 1.5 * period_s * 1e9))
+    return {"n": int(times_ns.size), "missed": missed, "missed_pct": 100.0 * missed / d.size,
+            "rate_hz": float(d.size / ((times_ns[-1] - times_ns[0]) * 1e-9)), "interval": stats_us(d)}
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln.strip() for ln in text if "Error" in ln or "Exception:" in ln or "error" in ln]
+    return " | ".join((errors or text)[-lines:])[-600:]
+
+
+def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorder: Recorder, env: dict[str, str],
+               workdir: Path, instrument: bool, startup_timeout: float = 90.0) -> dict[str, Any]:
+    """Start the stack for one (mode, rate), measure for ``seconds`` after ``warmup``, stop it; return numbers."""
+    from robot_wm.supervisor import Child, Supervisor, _die_with_parent
+
+    period = 1.0 / rate_hz
+    specs, arm_rate = _specs_for(mode, rate_hz)
+    env = mode_env(mode, env)
+    tag = f"{mode}_{int(rate_hz)}"
+    record = workdir / f"{tag}_filter.npy" if instrument else None
+    res: dict[str, Any] = {"mode": mode, "rate_hz": rate_hz, "period_s": period, "arm_sim_rate_hz": arm_rate,
+                           "executor": EXECUTOR_CLASS[executor_kind(mode)],
+                           EXECUTOR_ENV: env.get(EXECUTOR_ENV, "(unset: the shipped default)"),
+                           "status": "ok", "instrumented": instrument}
+    sup = Supervisor(specs, env)
+    logs: dict[str, Path] = {}
+    recorder.clear()
+    t_start = time.monotonic()
+    try:
+        for spec in sup.specs:  # Supervisor.start() with each child's output in a log file and our command
+            logs[spec.name] = workdir / f"{tag}_{spec.name}.log"
+            with open(logs[spec.name], "wb") as log:
+                proc = subprocess.Popen(_command(spec, record), env=env, stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                        preexec_fn=_die_with_parent)
+            sup.children.append(Child(spec, proc))
+        res["processes"] = {c.spec.name: c.process.pid for c in sup.children}
+        # up = the filter passes a non-zero command (it publishes zeros while it waits for the policy)
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline and not sup.failed() and not recorder.moving:
+            time.sleep(0.05)
+        res["startup_s"] = time.monotonic() - t_start
+        if sup.failed():
+            control = [c for c in sup.children if c.spec.name in CONTROL_NODES or c.spec.composes]
+            settle = time.monotonic() + 5.0  # let the other control processes finish failing too
+            while time.monotonic() < settle and any(c.process.poll() is None for c in control):
+                time.sleep(0.05)
+            failed = sup.failed()
+            res["error"] = "; ".join(f"{c.spec.name} exited {c.process.returncode}: {_tail(logs[c.spec.name])}"
+                                     for c in failed)
+            res["status"] = "failed"
+            refused = [c for c in failed if c.process.returncode == 2 and "configuration error" in _tail(
+                logs[c.spec.name], 20)]
+            if refused and len(refused) == len(failed):  # the runner's exit 2: a parameter it does not accept
+                res["status"] = "refused"
+                first = next((c for c in refused if c.spec.name in CONTROL_NODES or c.spec.composes), refused[0])
+                why = _tail(logs[first.spec.name], 1).split("configuration error:", 1)[-1].strip()
+                res["error"] = (f"{', '.join(c.spec.name for c in refused)} refused the configuration "
+                                f"(control_period_s={period:g}; ControlNode accepts {PERIOD_RANGE_S[0]:g}.."
+                                f"{PERIOD_RANGE_S[1]:g} s) and exited 2: {why}; "
+                                f"arm_sim kept running at {arm_rate:.0f} Hz")
+        elif not recorder.cmd:
+            res["status"], res["error"] = "failed", f"no command on {COMMAND_TOPIC} within {startup_timeout:.0f} s"
+        elif not recorder.moving:
+            res["note"] = f"only zero commands within {startup_timeout:.0f} s (the policy's nominal never got through)"
+        time.sleep(warmup)
+        cpu0 = {c.spec.name: _cpu_s(c.process.pid) for c in sup.children}
+        own0, m0 = time.process_time(), time.monotonic()
+        w0 = time.time_ns()
+        time.sleep(seconds if res["status"] == "ok" else min(seconds, 2.0))
+        w1 = time.time_ns()
+        span = time.monotonic() - m0
+        res["cpu_pct"] = {c.spec.name: 100.0 * (_cpu_s(c.process.pid) - cpu0[c.spec.name]) / span
+                          for c in sup.children if c.process.poll() is None and cpu0[c.spec.name] > 0}
+        control = {c.spec.name for c in sup.children if c.spec.name in CONTROL_NODES or c.spec.composes}
+        res["control_cpu_pct"] = sum(v for k, v in res["cpu_pct"].items() if k in control)  # policy+wm+filter
+        res["stack_cpu_pct"] = sum(res["cpu_pct"].values())  # every node process
+        res["cpu_pct"]["bench observer (this process)"] = 100.0 * (time.process_time() - own0) / span
+        res["memory"] = {}
+        for c in sup.children:
+            if c.process.poll() is None:
+                try:
+                    res["memory"][c.spec.name] = memory_of(c.process.pid)
+                except OSError:
+                    pass
+        js = np.asarray(list(recorder.js), dtype=np.int64).reshape(-1, 2)
+        cmd = np.asarray(list(recorder.cmd), dtype=np.int64).reshape(-1, 2)
+        js = js[np.argsort(js[:, 1])]
+        js_w = js[(js[:, 1] >= w0) & (js[:, 1] < w1)]
+        res["joint_states"] = _gaps(js_w[:, 1], 1.0 / arm_rate)
+        if res["status"] == "ok":
+            cmd = cmd[np.argsort(cmd[:, 0])]
+            cmd_w = cmd[(cmd[:, 0] >= w0) & (cmd[:, 0] < w1)]
+            res["commands_observed"] = _gaps(cmd_w[:, 0], period)
+            idx = np.searchsorted(js[:, 1], cmd_w[:, 0], side="right") - 1
+            ok = idx >= 0
+            res["latency_external"] = stats_us(cmd_w[ok, 0] - js[idx[ok], 0])
+            res["command_transport"] = stats_us(cmd_w[:, 1] - cmd_w[:, 0])  # filter's publish -> this observer
+    finally:
+        res["stop_s"] = _stop(sup)
+        res["exit_codes"] = {c.spec.name: c.process.returncode for c in sup.children}
+        res["wall_s"] = time.monotonic() - t_start
+    if record is not None and res["status"] == "ok":
+        try:
+            rec = np.load(record)
+        except OSError as exc:
+            res["in_chain"] = {"error": f"no records from the filter process ({exc})"}
+        else:
+            res["in_chain"] = _in_chain(rec, w0, w1, period)
+        seen = record.with_suffix(".executor")
+        res["executor_built"] = seen.read_text() if seen.is_file() else None  # as make_executor reported it
+        if res["executor_built"] and res["executor_built"] != res["executor"]:
+            res["note"] = (res.get("note", "") + f"; executor built {res['executor_built']}, expected "
+                           f"{res['executor']}").lstrip("; ")
+    return res
+
+
+def _stop(sup, grace_s: float = 8.0) -> dict[str, float | None]:
+    """SIGINT every child (reverse start order), note when each exits, then ``Supervisor.stop`` (SIGKILL) the rest.
+
+    Returns seconds from SIGINT to exit per child (None: it had to be killed).
+    """
+    import signal
+
+    t0 = time.monotonic()
+    for child in reversed(sup.children):
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGINT)
+    exited: dict[str, float | None] = {c.spec.name: None for c in sup.children}
+    while time.monotonic() - t0 < grace_s and any(c.process.poll() is None for c in sup.children):
+        for c in sup.children:
+            if exited[c.spec.name] is None and c.process.poll() is not None:
+                exited[c.spec.name] = time.monotonic() - t0
+        time.sleep(0.02)
+    for c in sup.children:
+        if exited[c.spec.name] is None and c.process.poll() is not None:
+            exited[c.spec.name] = time.monotonic() - t0
+    sup.grace_s = 0.5
+    sup.stop()  # SIGINT again + SIGKILL after 0.5 s for any child still running
+    return exited
+
+
+def _in_chain(rec: np.ndarray, w0: int, w1: int, period: float) -> dict[str, Any]:
+    """Latency and missed periods from the filter's own records within the window."""
+    from robot_wm.core.safety import FilterState
+
+    rec = rec[(rec[:, 3] >= w0) & (rec[:, 3] < w1)]
+    ran = rec[(rec[:, 4] >= 0) & (rec[:, 0] > 0)]  # periods that ran the filter on a received state
+    states = {FilterState(s).name if s >= 0 else "WAITING": int(np.sum(rec[:, 4] == s)) for s in np.unique(rec[:, 4])}
+    same = int(np.sum(np.diff(ran[:, 0]) == 0)) if len(ran) > 1 else 0
+    return {"latency": stats_us(ran[:, 3] - ran[:, 0]),  # command publish call - consumed JointState stamp
+            "state_delivery": stats_us(ran[:, 1] - ran[:, 0]),  # stamp -> filter's joint-state callback
+            "state_age_at_step": stats_us(ran[:, 2] - ran[:, 0]),  # stamp -> control step start
+            "compute": stats_us(ran[:, 3] - ran[:, 2]),  # control step start -> publish call
+            "publishes": _gaps(rec[:, 3], period), "states": states, "same_state_reused": same}
+
+
+def print_e2e(say: Out, results: list[dict[str, Any]]) -> None:
+    say("\n== 2. end to end (ms): in-chain = command publish call - header.stamp of the JointState the filter used; "
+        "external = command source_timestamp - stamp of the newest JointState sent before it; "
+        "missed = command intervals > 1.5 periods")
+    say(f"  {'mode':<16}{'rate':>5} {'status':<7} {'cmd Hz':>7} {'missed (in-chain)':>19} "
+        f"{'in-chain p50/p99/max':>23} {'compute p50/p99':>16}  {'external p50/p99/max':>23} {'missed(obs)':>11} "
+        f"{'js Hz':>6}")
+    results = sorted(results, key=lambda r: (MODES.index(r["mode"]) if r["mode"] in MODES else 99, r["rate_hz"]))
+    for r in results:
+        js = r.get("joint_states", {})
+        head = f"  {r['mode']:<16}{r['rate_hz']:>5.0f} {r['status']:<7}"
+        if r["status"] != "ok":
+            say(f"{head} {r.get('error', '')[:220]}; /joint_states {js.get('rate_hz', math.nan):.0f} Hz")
+            continue
+        ic, ext, obs = r.get("in_chain", {}), r.get("latency_external", {}), r.get("commands_observed", {})
+        lat, comp, pubs = ic.get("latency"), ic.get("compute"), ic.get("publishes") or obs
+
+        def ms3(x):
+            if not x or not x.get("n"):
+                return "-"
+            return f"{x['p50_us'] / 1e3:6.2f}/{x['p99_us'] / 1e3:6.2f}/{x['max_us'] / 1e3:7.1f}"
+
+        comp_s = f"{comp['p50_us'] / 1e3:6.2f}/{comp['p99_us'] / 1e3:6.2f}" if comp and comp.get("n") else "-"
+        miss_s = f"{pubs['missed']}/{pubs['n'] - 1} ({pubs['missed_pct']:.0f}%)" if pubs.get("n") else "-"
+        if pubs is obs and obs.get("n"):
+            miss_s = "obs: " + miss_s  # --no-instrument: only the observer's count
+        obs_s = f"{obs['missed_pct']:.0f}%" if obs.get("n") else "-"
+        say(f"{head} {pubs.get('rate_hz', math.nan):7.1f} {miss_s:>19} {ms3(lat):>23} {comp_s:>16}  {ms3(ext):>23} "
+            f"{obs_s:>11} {js.get('rate_hz', math.nan):6.0f}")
+    for r in results:
+        if r["status"] == "ok" and "states" in r.get("in_chain", {}):
+            ic = r["in_chain"]
+            built = f"; executor {r['executor_built']}" if r.get("executor_built") else ""
+            say(f"  {r['mode']} {r['rate_hz']:.0f} Hz: state delivery p50 "
+                f"{ic['state_delivery']['p50_us'] / 1e3:.2f} ms, "
+                f"state age at step start p50 {ic['state_age_at_step']['p50_us'] / 1e3:.2f} ms; same state twice in a "
+                f"row {ic['same_state_reused']}; filter states {ic['states']}; up after {r['startup_s']:.1f} s{built}"
+                + (f"; NOTE {r['note']}" if r.get("note") else ""))
+
+
+def executor_comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ours (EventsExecutor) vs typical (SingleThreadedExecutor): each mode vs its *_single run at the same rate.
+
+    Ratios are typical / ours (> 1: ours lower latency / less CPU); achieved rates and missed % as measured.
+    """
+    by = {(r["mode"], r["rate_hz"]): r for r in results if r["status"] == "ok"}
+    rows = []
+    for (mode, rate), ours in by.items():
+        typ = by.get((f"{mode}_single", rate))
+        if mode not in MAIN_MODES or typ is None:
+            continue
+        row: dict[str, Any] = {"mode": mode, "rate_hz": rate, "ours": ours["executor"], "typical": typ["executor"]}
+        for key, pick in (("in_chain_latency", lambda r: r.get("in_chain", {}).get("latency")),
+                          ("external_latency", lambda r: r.get("latency_external"))):
+            o, t = pick(ours), pick(typ)
+            if o and t and o.get("n") and t.get("n"):
+                row[key] = {"ours": o, "typical": t, "ratio_p50": t["p50_us"] / o["p50_us"],
+                            "ratio_p99": t["p99_us"] / o["p99_us"]}
+        for key in ("control_cpu_pct", "stack_cpu_pct"):
+            o, t = ours.get(key), typ.get(key)
+            if o and t:
+                row[key] = {"ours": o, "typical": t, "ratio": t / o}
+        per_cmd = {}
+        for name, r in (("ours", ours), ("typical", typ)):
+            pubs = r.get("in_chain", {}).get("publishes") or r.get("commands_observed") or {}
+            row[f"{name}_cmd_hz"], row[f"{name}_missed_pct"] = pubs.get("rate_hz"), pubs.get("missed_pct")
+            hz, cpu = pubs.get("rate_hz"), r.get("control_cpu_pct")
+            if hz and cpu and math.isfinite(hz) and hz > 0:
+                per_cmd[name] = 10.0 * cpu / hz  # CPU ms of policy+world_model+filter per command published
+        if len(per_cmd) == 2:  # fair when a starved run publishes fewer commands (its CPU % then drops too)
+            row["control_cpu_ms_per_command"] = {**per_cmd, "ratio": per_cmd["typical"] / per_cmd["ours"]}
+        rows.append(row)
+    return sorted(rows, key=lambda x: (x["rate_hz"], MODES.index(x["mode"])))
+
+
+def print_executor_comparison(say: Out, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    say("\n  ours vs typical executor, same stack and rate: ours = EventsExecutor (robot_wm's default), typical = "
+        "SingleThreadedExecutor (ROBOT_WM_EXECUTOR=single); ratio = typical / ours (> 1 = ours faster / cheaper); "
+        "CPU ms/command = CPU of policy + world_model + safety_filter in the window / commands published; the two "
+        "runs are back to back, not simultaneous, so load changes between them show up here")
+    say(f"  {'mode':<10}{'rate':>5}  {'in-chain p50 ours/typ':>22} {'ratio':>6}  {'p99 ours/typ':>15} {'ratio':>6}  "
+        f"{'CPU ms/command ours/typ':>23} {'ratio':>6}  {'cmd Hz ours/typ':>16}  {'missed % ours/typ':>17}")
+    nan = {"ours": {"p50_us": math.nan, "p99_us": math.nan}, "typical": {"p50_us": math.nan, "p99_us": math.nan},
+           "ratio_p50": math.nan, "ratio_p99": math.nan}
+    for r in rows:
+        lat = r.get("in_chain_latency") or r.get("external_latency") or nan
+        cpu = r.get("control_cpu_ms_per_command") or {"ours": math.nan, "typical": math.nan, "ratio": math.nan}
+
+        def f(x):
+            return math.nan if x is None else x
+
+        say(f"  {r['mode']:<10}{r['rate_hz']:>5.0f}  "
+            f"{lat['ours']['p50_us'] / 1e3:9.2f}/{lat['typical']['p50_us'] / 1e3:6.2f} ms {lat['ratio_p50']:5.2f}x  "
+            f"{lat['ours']['p99_us'] / 1e3:6.1f}/{lat['typical']['p99_us'] / 1e3:6.1f} ms {lat['ratio_p99']:5.2f}x  "
+            f"{cpu['ours']:12.2f}/{cpu['typical']:5.2f} ms  {cpu['ratio']:5.2f}x  "
+            f"{f(r['ours_cmd_hz']):7.1f}/{f(r['typical_cmd_hz']):6.1f}  "
+            f"{f(r['ours_missed_pct']):8.0f}/{f(r['typical_missed_pct']):5.0f} %"
+            + ("" if r.get("in_chain_latency") else "  (external latency: no in-chain records)"))
+
+
+def print_memory(say: Out, results: list[dict[str, Any]]) -> None:
+    say("\n== 4. memory per process after warm-up (MiB; RSS counts shared libraries in every process, "
+        "PSS shares them out, USS = private) and CPU use during the window (% of one core)")
+    seen = set()
+    for r in results:
+        if not r.get("memory") or r["mode"] in seen or r["status"] != "ok":
+            continue
+        seen.add(r["mode"])
+        src = next(iter(r["memory"].values()))["source"]
+        say(f"  {r['mode']} stack at {r['rate_hz']:.0f} Hz ({src}):")
+        tot = np.zeros(3)
+        cpu = r.get("cpu_pct", {})
+        for name, m in r["memory"].items():
+            tot += [m["rss_mib"], m["pss_mib"], m["uss_mib"]]
+            say(f"    {name:<16} RSS {m['rss_mib']:7.1f}  PSS {m['pss_mib']:7.1f}  USS {m['uss_mib']:7.1f}"
+                f"   CPU {cpu.get(name, math.nan):5.0f} %")
+        say(f"    {'total':<16} RSS {tot[0]:7.1f}  PSS {tot[1]:7.1f}  USS {tot[2]:7.1f}"
+            f"   (this benchmark's observer: CPU {cpu.get('bench observer (this process)', math.nan):.0f} %)")
+
+
+def print_typical(say: Out, typ: dict[str, Any] | None, execs: dict[str, Any] | None) -> None:
+    say("\n== 3. this hot path vs a typical implementation (same inputs; µs; ratio = typical / ours)")
+    if typ:
+        say(f"  torch {typ['torch']['version']} eager, 1 thread; world model: {typ['torch']['world_model']}; "
+            f"policy: {typ['torch']['policy']}")
+        say(f"  {'step':<32} {'ours':<24} {'typical':<26} {'ours p50':>9} {'typ p50':>9} {'ratio':>6}   "
+            f"{'ours p99':>9} {'typ p99':>9} {'ratio':>6}")
+        for r in typ["rows"]:
+            o, t = r["ours_us"], r["typical_us"]
+            say(f"  {r['name']:<32} {r['ours']:<24} {r['typical']:<26} {o['p50_us']:9.1f} {t['p50_us']:9.1f} "
+                f"{r['ratio_p50']:5.1f}x   {o['p99_us']:9.1f} {t['p99_us']:9.1f} {r['ratio_p99']:5.1f}x")
+    if execs and "SingleThreadedExecutor" in execs and "EventsExecutor" in execs:
+        o, t = execs["EventsExecutor"], execs["SingleThreadedExecutor"]  # ours = robot_wm's default
+        say(f"  {'executor hop timer->pub->sub':<32} {'EventsExecutor':<24} {'SingleThreadedExecutor':<26} "
+            f"{o['hop']['p50_us']:9.1f} {t['hop']['p50_us']:9.1f} {t['hop']['p50_us'] / o['hop']['p50_us']:5.2f}x   "
+            f"{o['hop']['p99_us']:9.1f} {t['hop']['p99_us']:9.1f} {t['hop']['p99_us'] / o['hop']['p99_us']:5.2f}x")
+        say(f"  {'executor CPU per 500 Hz period':<32} {'EventsExecutor':<24} {'SingleThreadedExecutor':<26} "
+            f"{o['cpu_us_per_period']:9.1f} {t['cpu_us_per_period']:9.1f} "
+            f"{t['cpu_us_per_period'] / o['cpu_us_per_period']:5.2f}x")
+        say("  (executor rows: robot_wm's runner uses rclpy's EventsExecutor by default, the composed process included,"
+            " so 'ours' = EventsExecutor and 'typical' = SingleThreadedExecutor (ROBOT_WM_EXECUTOR=single);"
+            " ratio > 1 = ours faster, as in the other rows)")
+    if typ:
+        p, c = typ["parity"], typ["cvxpy"]
+        say(f"  parity torch vs shipped ONNX: policy max |Δ| {p['policy_max_abs_radps']:.2e} rad/s, world-model f0 "
+            f"max |Δ| {p['world_model_f0_max_abs']:.2e}; cvxpy: {c}")
+        say("  whole filter step, typical = torch linearize + predict (measured) + the filter's own non-QP time of that"
+            " period + cvxpy build+solve of that period's QP")
+
+
+# ------------------------------------------------------------------------------------------------- main
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON: numpy scalars and arrays to Python, NaN/Inf to None, tuples to lists."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="short run: 3 s per configuration, fewer samples")
+    preset.add_argument("--full", action="store_true",
+                        help="long run: 10 s per configuration, every mode at every rate, more samples")
+    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                        help="write the numbers as JSON to PATH ('-' or no value: stdout, the tables go to stderr)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    parser.add_argument("--rates", default=",".join(str(r) for r in RATES_HZ), help="control rates, Hz")
+    parser.add_argument("--modes", help=f"comma list of {', '.join(MODES)}; given (or --full): every mode at every "
+                        "rate; default: separate,composed at every rate + the *_single baselines at the lowest rate")
+    parser.add_argument("--seconds", type=float, help="measurement window per configuration, s")
+    parser.add_argument("--warmup", type=float, help="wait after the first command before measuring, s")
+    parser.add_argument("--periods", type=int, help="in-process closed-loop periods")
+    parser.add_argument("--cvxpy-samples", type=int, help="QP periods solved with cvxpy")
+    parser.add_argument("--executor-seconds", type=float, help="seconds per executor in the hop benchmark")
+    parser.add_argument("--no-instrument", action="store_true",
+                        help="start the filter modules unwrapped: external latency only, no in-chain numbers")
+    parser.add_argument("--world-model-pt", type=Path, default=ROOT / "runs" / "world_model" / "world_model.pt",
+                        help="torch checkpoint for the typical world model (missing: untrained, same architecture)")
+    parser.add_argument("--policy-pt", type=Path, default=ROOT / "runs" / "policy" / "policy.pt",
+                        help="torch checkpoint for the typical policy (missing: untrained, same architecture)")
+    parser.add_argument("--logs", type=Path, help="keep the node logs and filter records in this folder")
+    parser.add_argument("--domain-id", type=int, default=150 + os.getpid() % 50, help="ROS domain of this run")
+    args = parser.parse_args(argv)
+    preset_name = "quick" if args.quick else "full" if args.full else "default"
+    for key, value in PRESETS[preset_name].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.preset = preset_name
+    args.parts = [p for p in args.parts.split(",") if p]
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    every_rate = args.full or args.modes is not None
+    args.modes = [m for m in (args.modes or ",".join(MODES)).split(",") if m]
+    for name, given, allowed in (("parts", args.parts, PARTS), ("modes", args.modes, MODES)):
+        if set(given) - set(allowed):
+            if name == "modes" and "composed_events" in given:
+                parser.error("--modes: composed_events is gone: the runner uses the EventsExecutor by default now "
+                             "(composed); composed_single is the SingleThreadedExecutor baseline")
+            parser.error(f"--{name}: unknown {sorted(set(given) - set(allowed))}; allowed {list(allowed)}")
+    if not args.rates or any(not (r > 0) for r in args.rates):
+        parser.error(f"--rates: expected positive control rates in Hz, got {args.rates}")
+    args.configs = config_plan(args.modes, args.rates, every_rate)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return _child(argv[1:])
+    args = parse_args(argv)
+    say = Out(to_stderr=args.json == "-")
+    t_begin = time.monotonic()
+    result: dict[str, Any] = {"meta": {
+        "preset": args.preset, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+        "python": platform.python_version(), "machine": platform.machine(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }}
+    say(f"bench_control_path ({args.preset}): {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start "
+        "(shared machines give noisy numbers)")
+    hp, samples = None, []
+    if "stages" in args.parts or "typical" in args.parts:
+        hp = build_hot_path()
+        res, samples = stage_timings(args.periods, hot=hp, keep_samples="typical" in args.parts)
+        result["stages"] = res
+        print_stages(say, res)
+    if "typical" in args.parts:
+        result["typical"] = typical_comparison(hp, samples, args.cvxpy_samples, args.world_model_pt, args.policy_pt)
+    if "executor" in args.parts or "e2e" in args.parts:
+        from robot_wm.rosenv import apply_loopback_dds
+
+        apply_loopback_dds(domain_id=args.domain_id)  # loopback-only DDS, a domain of this run's own
+    if "executor" in args.parts:
+        result["executor"] = {k: executor_hop(k, args.executor_seconds)
+                              for k in ("SingleThreadedExecutor", "EventsExecutor")}
+    if "typical" in args.parts or "executor" in args.parts:
+        print_typical(say, result.get("typical"), result.get("executor"))
+    if "e2e" in args.parts:
+        import rclpy
+        from rclpy.context import Context
+        from rclpy.signals import SignalHandlerOptions
+
+        from robot_wm.rosenv import loopback_env
+
+        env = loopback_env(domain_id=args.domain_id)
+        env["PYTHONUNBUFFERED"] = "1"
+        ctx = Context()
+        rclpy.init(context=ctx, signal_handler_options=SignalHandlerOptions.NO)
+        recorder = Recorder(ctx)
+        e2e: list[dict[str, Any]] = []
+        result["e2e"] = e2e
+        say(f"\n(end to end: domain {args.domain_id}, {args.seconds:.0f} s per configuration after {args.warmup:.1f} s "
+            f"warm-up, {len(args.configs)} configurations, run in this order: "
+            f"{', '.join(f'{m} {r:.0f}' for m, r in args.configs)})")
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench_control_path_") as tmp:
+                workdir = args.logs or Path(tmp)
+                workdir.mkdir(parents=True, exist_ok=True)
+                for mode, rate in args.configs:
+                    r = run_config(mode, rate, args.seconds, args.warmup, recorder, env, workdir,
+                                   not args.no_instrument)
+                    e2e.append(r)
+                    say(f"  {mode:<16} {rate:6.0f} Hz: {r['status']}"
+                        + (f" ({r['error'][:160]})" if r.get("error") else "")
+                        + f"  [{r['wall_s']:.0f} s]")
+        finally:
+            recorder.close()
+            rclpy.shutdown(context=ctx)
+        print_e2e(say, e2e)
+        result["e2e_executor_comparison"] = executor_comparison(e2e)
+        print_executor_comparison(say, result["e2e_executor_comparison"])
+        print_memory(say, e2e)
+    result["meta"]["loadavg_end"] = os.getloadavg()
+    result["meta"]["wall_s"] = time.monotonic() - t_begin
+    say(f"\n(total {result['meta']['wall_s']:.0f} s; load average {os.getloadavg()[0]:.2f} at the end)")
+    if args.json:
+        text = json.dumps(_jsonable(result), indent=1, allow_nan=False)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
