@@ -219,3 +219,27 @@ def test_malformed_joint_state_is_a_latched_fault_with_a_controlled_stop(stack, 
     resp = client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
     assert resp.success and "bad joint state" in resp.message, resp.message
     assert wait_for(lambda: _moving(client), 3.0), "arm did not resume after reset"
+
+
+def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ros_context):
+    """The real policy node (ONNX, goals from the goal sequencer) drives the arm through the filter;
+    SIGKILL on the policy process: its nominal goes stale and the filter brings the arm to rest."""
+    from robot_wm.msg import SafetyStatus
+
+    procs = {name: spawn(command_for(SPECS[name])) for name in ("arm_sim", "safety_filter", "policy", "goal_sequencer")}
+    client = ArmClient(ros_context)
+    statuses: list[SafetyStatus] = []
+    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    try:
+        assert client.wait_for_state(60.0), procs["arm_sim"].output()
+        assert wait_for(lambda: _moving(client, 0.1), 60.0), procs["policy"].output()[-2000:] + procs["safety_filter"].output()[-2000:]
+        procs["policy"].process.send_signal(signal.SIGKILL)
+        t_kill = time.monotonic()
+        assert wait_for(lambda: _at_rest(client), 1.5), f"still moving 1.5 s after the policy died: {client.latest()[2]}"
+        # stale after 5 periods (50 ms), then a controlled stop from at most ~1.5 rad/s at 10-15 rad/s^2
+        assert client.latest()[0] - t_kill < 0.5
+        time.sleep(0.5)
+        assert _at_rest(client)
+        assert statuses[-1].state == SafetyStatus.FAULT and "stale input" in statuses[-1].fault_reason, statuses[-1]
+    finally:
+        client.close()
