@@ -14,12 +14,15 @@ from launch_ros.actions import Node
 
 
 def _per_node_params_file(nodes, parameters) -> str:
+    import atexit
+    import os
     import tempfile
 
     import yaml
 
     with tempfile.NamedTemporaryFile("w", prefix="robot_wm_composed_", suffix=".yaml", delete=False) as f:
         yaml.safe_dump({node: {"ros__parameters": dict(parameters)} for node in nodes}, f)
+    atexit.register(lambda path=f.name: os.path.exists(path) and os.remove(path))  # when ros2 launch exits
     return f.name
 
 

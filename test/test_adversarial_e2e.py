@@ -74,8 +74,12 @@ def test_hostile_nominal_commands_never_break_a_limit(spawn, ros_context, profil
     specs = {s.name: s for s in graph.plan("mujoco", overrides={"profile": profile}) if not s.needs_ros_install}
     arm = spawn(command_for(specs["arm_sim"]))
     filt = spawn(command_for(specs["safety_filter"]))
+    from robot_wm.msg import SafetyStatus
+
     client = ArmClient(ros_context)
     source = NominalSource(client)
+    states_seen: list[int] = []
+    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", lambda m: states_seen.append(m.state), 100)
     urdf = description.expand()
     names = description.joint_limits(urdf).names
     kin = Kinematics(urdf, names)
@@ -105,7 +109,7 @@ def test_hostile_nominal_commands_never_break_a_limit(spawn, ros_context, profil
     boxes = np.asarray(limits.keepout_boxes_m).reshape(-1, 6)
     spheres = np.asarray(limits.keepout_spheres_m).reshape(-1, 4)
     speeds = []
-    for qi, qdi in zip(q[::5], qd[::5]):  # every 10 ms
+    for qi, qdi in zip(q, qd):  # every joint state the arm published (500 Hz)
         for p in _points(kin, qi, limits.monitored_frames):
             assert p[2] > limits.table_z_m, f"a monitored point went below the table: {p}"
             for b in boxes:
@@ -114,5 +118,11 @@ def test_hostile_nominal_commands_never_break_a_limit(spawn, ros_context, profil
                 assert np.linalg.norm(p - sph[:3]) > sph[3], f"keep-out sphere entered at {p}"
         speeds.append(np.linalg.norm(kin.tool_linear_velocity_mps(qi, qdi)))
     assert max(speeds) <= limits.tool_speed_max_mps + SPEED_TOL_MPS, f"tool speed {max(speeds):.3f} m/s"
+    # ... and the attack was real: the filter mostly passed or shaped commands (not a stopped arm),
+    # joints were driven to their limits and the tool up to its speed limit
+    running = sum(s in (SafetyStatus.OK, SafetyStatus.FILTERING) for s in states_seen) / max(len(states_seen), 1)
+    assert running >= 0.5, f"the filter ran (OK/FILTERING) in only {running:.0%} of {len(states_seen)} periods"
+    assert (-over).min() < 0.05, f"no joint came within 0.05 rad of a limit (closest {(-over).min():.3f} rad)"
+    assert max(speeds) > 0.8 * limits.tool_speed_max_mps, f"the tool never got near its speed limit ({max(speeds):.3f} m/s)"
     print(f"{profile}: {CYCLES} cycles, max joint overshoot {max(over.max(), 0) * 1e3:.1f} mrad, "
-          f"max tool speed {max(speeds):.3f} m/s")
+          f"max tool speed {max(speeds):.3f} m/s, filter running (OK/FILTERING) {running:.0%} of periods")

@@ -771,7 +771,7 @@ def test_a_joint_resting_at_its_limit_leaves_the_qp_easy(limits, kin):
     """Wrist_3 at its upper limit, a lagging world model with a little drift, and a nominal that
     keeps pushing wrist_3 into the limit while the other joints reach: 200 periods all solve
     (no iteration-limit faults, no infeasible stops) and wrist_3 is never commanded further in."""
-    f = _fresh_filter(limits, kin)
+    f = SafetyFilter(limits, kin, DT, osqp_settings={"time_limit": 1e10})  # no wall-clock limit under CI load
     q = np.array([0.0, -1.5, 2.2, -2.0, -1.5, limits.upper_rad[5]])
     qd = np.zeros(6)
     rng = np.random.default_rng(5)
@@ -799,7 +799,8 @@ def test_policy_closed_loop_on_the_arm_with_the_shipped_world_model_solves_every
     base = load_safety_limits()
     wm = WorldModelRunner(str(data_path("models", "world_model.onnx")), kin.joint_names, DT)
     pol = PolicyRunner(str(data_path("models", "policy.onnx")), kin.joint_names, DT)
-    f = SafetyFilter(base, kin, DT, require_model=True)
+    # no wall-clock limit on the solve: a preempted solve on a loaded CI box is not what this tests
+    f = SafetyFilter(base, kin, DT, require_model=True, osqp_settings={"time_limit": 1e10})
     sim = ArmSim("nominal", seed=0)
     goals = np.array([[-0.45, -0.20, 0.30], [-0.35, 0.10, 0.40], [-0.55, 0.05, 0.25], [-0.40, -0.25, 0.45]])
     states = collections.Counter()

@@ -210,3 +210,30 @@ def test_a_momentarily_stale_input_does_not_refuse_a_reset_but_keeps_the_arm_sto
         assert still.state == FilterState.FAULT and np.array_equal(still.u_safe_radps, np.zeros(6))
         fresh = sup.step(FilterInput(arm.q, np.zeros(6), np.full(6, 0.05)))
         assert fresh.state == FilterState.OK and np.allclose(fresh.u_safe_radps, 0.05)
+
+
+
+def test_a_long_dead_publisher_refuses_the_reset(limits, kin):
+    """Stale for longer than STALE_RESET_GRACE_PERIODS in a row (a dead policy or driver): the reset
+    is refused with the reason, so the arm cannot start on its own when the component returns."""
+    from robot_wm.core.safety.supervisor import STALE_RESET_GRACE_PERIODS
+
+    sup = SafetySupervisor(SafetyFilter(limits, kin, DT))
+    arm = Arm()
+    sup.request_estop("test")
+    for _ in range(STALE_RESET_GRACE_PERIODS + 1):
+        sup.step(FilterInput(arm.q, np.zeros(6), np.zeros(6), input_age_periods=10))
+    ok, msg = sup.reset()
+    assert not ok and f"for {STALE_RESET_GRACE_PERIODS + 1} periods" in msg and "stale input" in msg
+    sup.step(FilterInput(arm.q, np.zeros(6), np.zeros(6)))  # fresh again
+    ok, msg = sup.reset()
+    assert ok, msg
+
+
+def test_a_fault_before_the_arm_ever_moved_need_not_latch(limits, kin):
+    sup = SafetySupervisor(SafetyFilter(limits, kin, DT))
+    out = sup.fault("bad joint state: unknown joints ['x']", None, latch=False)
+    assert out.state == FilterState.FAULT and np.array_equal(out.u_safe_radps, np.zeros(6))
+    assert sup.latched_fault is None
+    out = sup.fault("bad joint state: unknown joints ['x']", None)
+    assert sup.latched_fault and "unknown joints" in sup.latched_fault

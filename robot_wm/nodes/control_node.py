@@ -6,6 +6,7 @@ message sets ``state_error`` until the next good one, is counted, and makes ``fr
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -18,7 +19,8 @@ from sensor_msgs.msg import JointState
 from robot_wm.nodes.conversions import InputError, joint_state_arrays
 from robot_wm.nodes.params import declare
 
-_MAX_STAMP_LAG_S = 1.0  # a stamp older than this is taken for a different clock, not for a late message
+_MAX_STAMP_LAG_S = 1.0  # lag beyond this is counted as this much (it is stale either way)
+_OFFSET_BLOCK = 500  # messages per block of the running minimum of receipt - stamp (1 s at 500 Hz)
 
 
 #: QoS of the control inputs: reliable, keep only the newest message.
@@ -41,6 +43,7 @@ class ControlNode(LifecycleNode):
         # last GOOD (time it was measured on time.monotonic(), q_rad, qdot_radps)
         self.state: tuple[float, np.ndarray, np.ndarray] | None = None
         self.state_error: str | None = None
+        self._offset_block_min, self._offset_prev_min, self._offset_count = math.inf, math.inf, 0
         self.state_errors = 0
         self._control_timer = None
         # depth 1: a node that falls behind skips straight to the newest state instead of working
@@ -63,14 +66,25 @@ class ControlNode(LifecycleNode):
             self.get_logger().error(f"bad joint state: {exc}", throttle_duration_sec=1.0)
             return
         self.state_error = None
-        now = time.monotonic()
-        # the receive time, moved back by how old the message's stamp already was (queueing in DDS
-        # or in this executor counts against freshness); unstamped messages count from receipt
+        self.state = (time.monotonic() - self._stamp_lag_s(msg), q, qdot)
+
+    def _stamp_lag_s(self, msg: JointState) -> float:
+        """How much older than its fastest delivery this message is (s; 0 for unstamped ones).
+
+        The receipt-minus-stamp offset is compared with its minimum over the last
+        2 x ``_OFFSET_BLOCK`` messages: a constant offset (another host's clock, sim time) cancels,
+        what remains is queueing in DDS or in this executor, which counts against freshness.
+        """
         stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
-        lag_s = (self.get_clock().now().nanoseconds - stamp_ns) * 1e-9 if stamp_ns else 0.0
-        if not 0.0 <= lag_s <= _MAX_STAMP_LAG_S:  # another clock (sim time, another host): ignore the stamp
-            lag_s = 0.0
-        self.state = (now - lag_s, q, qdot)
+        if not stamp_ns:
+            return 0.0
+        offset = (self.get_clock().now().nanoseconds - stamp_ns) * 1e-9
+        self._offset_block_min = min(self._offset_block_min, offset)
+        self._offset_count += 1
+        if self._offset_count >= _OFFSET_BLOCK:
+            self._offset_prev_min, self._offset_block_min, self._offset_count = self._offset_block_min, math.inf, 0
+        lag = offset - min(self._offset_prev_min, self._offset_block_min)
+        return min(max(lag, 0.0), _MAX_STAMP_LAG_S)
 
     def fresh_state(self, now_s: float | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """The latest (q_rad, qdot_radps) if it is fresh and the latest message was usable, else None."""

@@ -21,6 +21,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import WrenchStamped
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.context import Context
+from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
@@ -59,6 +60,16 @@ class SafetyFilterNode(ControlNode):
         wrench_topic = declare(self, "wrench_topic", "/robot_wm/wrench", "wrist F/T (N, N*m)", read_only=True)
         self.limits = self._declare_limits()
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        from robot_wm.core.task import load_task
+        from robot_wm.nodes.runner import NodeConfigError
+
+        self.model_dt_s = load_task().control_dt_s  # the step the shipped world model predicts
+        self.use_model = abs(self.period_s - self.model_dt_s) < 1e-9
+        if not self.use_model and self.require_model:
+            raise NodeConfigError(
+                f"safety_filter: control_period_s={self.period_s:g} s differs from the world model's step "
+                f"{self.model_dt_s:g} s (config/task.yaml control_dt_s): run at the model's period, or set "
+                "require_model:=false to filter with the kinematic model at this rate")
 
         self.kin = None
         self.supervisor: SafetySupervisor | None = None
@@ -85,7 +96,12 @@ class SafetyFilterNode(ControlNode):
         values = {}
         for name, default in defaults.items():
             desc = ParameterDescriptor(description=f"safety limit {name} (config/safety.yaml; only tightening changes accepted)")
-            values[name] = self.declare_parameter(f"safety.{name}", default, desc).value
+            try:
+                values[name] = self.declare_parameter(f"safety.{name}", default, desc).value
+            except (InvalidParameterTypeException, InvalidParameterValueException) as exc:
+                from robot_wm.nodes.runner import NodeConfigError
+
+                raise NodeConfigError(f"safety_filter: parameter 'safety.{name}' (default {default!r}): {exc}") from exc
         try:
             return SafetyLimits.from_mapping({k: list(v) if isinstance(v, (list, tuple)) else v for k, v in values.items()},
                                              source="safety parameters")
@@ -114,7 +130,6 @@ class SafetyFilterNode(ControlNode):
         from robot_wm import description
         from robot_wm.core.kinematics import Kinematics
         from robot_wm.core.onnx_model import ModelError
-        from robot_wm.core.task import load_task
         from robot_wm.core.world_model_runner import WorldModelRunner
         from robot_wm.paths import data_path
 
@@ -130,7 +145,9 @@ class SafetyFilterNode(ControlNode):
             return TransitionCallbackReturn.FAILURE
         path = self.model_path or str(data_path("models", "world_model.onnx", must_exist=False))
         try:
-            self.runner = WorldModelRunner(path, self.joint_names, load_task().control_dt_s)
+            if not self.use_model:
+                raise ValueError(f"its {self.model_dt_s:g} s step is not this filter's {self.period_s:g} s period")
+            self.runner = WorldModelRunner(path, self.joint_names, self.period_s)
         except (ModelError, ValueError, OSError) as exc:
             self.runner = None
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
@@ -157,6 +174,9 @@ class SafetyFilterNode(ControlNode):
     def on_deactivate(self, state: State) -> TransitionCallbackReturn:
         if self._cmd_pub is not None:
             self._cmd_pub.publish(Float64MultiArray(data=[0.0] * len(self.joint_names)))
+        if self.supervisor is not None:
+            self.supervisor.filter.record_sent(np.zeros(len(self.joint_names)))  # what was just sent
+        self._last_step_s = None  # re-activation starts a fresh timing history
         return super().on_deactivate(state)
 
     # ---- inputs
@@ -218,7 +238,7 @@ class SafetyFilterNode(ControlNode):
             self._publish(np.zeros(len(self.joint_names)), None, "waiting for /joint_states")
             return
         if self.state is None:  # only malformed joint states so far: the arm never moved under this filter
-            out = self.supervisor.fault(f"bad joint state: {self.state_error}", None)
+            out = self.supervisor.fault(f"bad joint state: {self.state_error}", None, latch=False)
             self._publish(out.u_safe_radps, out, out.reason)
             return
         received_s, q, qdot = self.state
@@ -242,7 +262,7 @@ class SafetyFilterNode(ControlNode):
                           trust_scale=speed, accel_scale=accel, input_age_periods=max(state_age, nominal_age),
                           elapsed_s=elapsed)
         if self.state_error is not None:  # the latest joint state was unusable: fault, controlled stop
-            out = self.supervisor.fault(f"bad joint state: {self.state_error}", qdot)
+            out = self.supervisor.fault(f"bad joint state: {self.state_error}", qdot, elapsed_s=elapsed)
         else:
             out = self.supervisor.step(inp)
         if self.runner is not None:

@@ -8,10 +8,10 @@ Each control period :meth:`SafetyFilter.filter` solves
 
 with the families (docs/safety_filter.md has the derivations and numbers):
 
-* joint position limits (HARD, never slacked): a position row with the CBF rate α and a braking
-  bound that keeps the next velocity and the command within what the barrier's braking
-  deceleration can stop in the remaining distance after coasting one period plus the reaction
-  time and the input age;
+* joint position limits (HARD, never slacked): a position row with the CBF rate α and braking
+  bounds: the command within what the barrier's braking deceleration can stop in the remaining
+  distance after coasting one period plus the reaction time and the input age, and (world model)
+  the predicted next velocity after coasting one period;
 * joint velocity |u| ≤ v_max·scale and acceleration: u within a_max·dt of the measured velocity
   or of the previous command (HARD box, the hull of both; speeding up is scaled by trust, braking
   never is);
@@ -29,6 +29,7 @@ The nominal command is never passed through unchecked.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -64,6 +65,10 @@ SOLVER_NOT_RUN = 0
 _OSQP_SOLVED = 1
 _OSQP_INFEASIBLE = (3, 4)
 
+
+#: Periods over which the largest input age sets the braking coast time (an age that spikes and
+#: drops again must not shrink the braking distance faster than the command can follow).
+_AGE_WINDOW = 10
 
 #: Start of every staleness fault reason (the supervisor treats those as non-latching by default).
 STALE_PREFIX = "stale input:"
@@ -235,7 +240,7 @@ class SafetyFilter:
     #: and unscaled ADMM needed fewer iterations on recorded streams); max_iter/time_limit bound the
     #: worst case, and hitting them stops the arm.
     DEFAULT_OSQP_SETTINGS = dict(
-        eps_abs=1e-3, eps_rel=1e-3, eps_prim_inf=1e-5, eps_dual_inf=1e-5, max_iter=1000, polishing=True,
+        eps_abs=1e-3, eps_rel=1e-3, eps_prim_inf=1e-5, eps_dual_inf=1e-5, max_iter=4000, polishing=True,
         polish_refine_iter=3, warm_starting=True, verbose=False, check_termination=5, adaptive_rho=True,
         scaling=0,
     )
@@ -295,8 +300,11 @@ class SafetyFilter:
         self._vmax, self._amax = limits.vel_max_radps, limits.accel_max_radps2
         self._astop = limits.stop_decel_radps2
         self._abrake = limits.brake_fraction * self._amax
-        self._dt_eff = dt  # this period's elapsed time (FilterInput.elapsed_s, clipped)
-        self._coast_s = limits.reaction_time_s  # + this period's input age (set by _parse)
+        # this period's timing (set by _parse from FilterInput.elapsed_s / input_age_periods)
+        self._dt_brake = dt  # time braking and the stop ramp may use: elapsed, clipped to [dt, stale dt]
+        self._dt_up = dt  # time speeding up may use: elapsed, at most dt
+        self._ages: collections.deque[float] = collections.deque(maxlen=_AGE_WINDOW)
+        self._coast_s = limits.reaction_time_s  # + the largest input age of the last _AGE_WINDOW periods
         self._a_ws = limits.workspace_deceleration_mps2
         self._kin_err_rad = 0.5 * self._amax * dt * dt  # kinematic-model error bound on q⁺
         self._table_z = limits.table_z_m
@@ -393,16 +401,21 @@ class SafetyFilter:
         self._last_u = np.array(u_radps, dtype=float)
 
     def reset(self) -> None:
-        """Forget the last command (the arm is known to be at rest, e.g. after an e-stop reset)."""
+        """Forget the last command and the timing history (the arm is known to be at rest, e.g.
+        after an e-stop reset or a lifecycle deactivate)."""
         self._last_u = None
         self._qd_now = None
+        self._dt_brake = self._dt_up = self.dt_s
+        self._ages.clear()
+        self._coast_s = self.limits.reaction_time_s
 
-    def controlled_stop(self, qdot_radps: Any = None) -> np.ndarray:
+    def controlled_stop(self, qdot_radps: Any = None, elapsed_s: float | None = None) -> np.ndarray:
         """The next command of a controlled stop: the last command ramped toward zero, then zero.
 
         Each joint's speed drops by ``stop_deceleration_radps2`` times the time since the last
-        command (the period, or the latest input's ``elapsed_s``: a late period brakes by more, so
-        the stop keeps its deceleration in real time). The ramp starts from the last command sent
+        command: ``elapsed_s`` when given, else the latest parsed input's (clipped to
+        [dt, stale_limit_periods * dt]; a late period brakes by more, so the stop keeps its
+        deceleration in real time; an early one still brakes by a full period). The ramp starts from the last command sent
         (known exactly, independent of sensors); before the first command it starts from the
         measured velocity when that is finite, else from zero.
         """
@@ -411,7 +424,12 @@ class SafetyFilter:
             qd = _as_vector(qdot_radps, self.n)
             base = qd if qd is not None else np.zeros(self.n)
         base = np.clip(base, -self.hw_velocity_radps, self.hw_velocity_radps)
-        return np.copysign(np.maximum(np.abs(base) - self._astop * self._dt_eff, 0.0), base)
+        dt_b = self._dt_brake if elapsed_s is None else self._clip_brake(_as_scalar(elapsed_s))
+        return np.copysign(np.maximum(np.abs(base) - self._astop * dt_b, 0.0), base)
+
+    def _clip_brake(self, elapsed: float | None) -> float:
+        dt = self.dt_s
+        return dt if elapsed is None else min(max(elapsed, dt), max(self.limits.stale_limit_periods, 1) * dt)
 
     def check_input(self, inp: Any) -> str | None:
         """Return why ``inp`` cannot be filtered (a FAULT reason), or None when it is usable."""
@@ -465,9 +483,10 @@ class SafetyFilter:
         n = self.n
         if not isinstance(inp, FilterInput):
             return f"input is {type(inp).__name__}, expected FilterInput", None
-        dt, stale = self.dt_s, max(self.limits.stale_limit_periods, 1)
+        dt = self.dt_s
         elapsed = dt if inp.elapsed_s is None else _as_scalar(inp.elapsed_s)
-        self._dt_eff = dt if elapsed is None else min(max(elapsed, dt), stale * dt)
+        self._dt_brake = self._clip_brake(elapsed)
+        self._dt_up = dt if elapsed is None else min(max(elapsed, 0.0), dt)
         if elapsed is None or elapsed < 0:
             return f"elapsed_s = {inp.elapsed_s!r}: expected a finite time >= 0 s or None", None
         arrays = []
@@ -482,7 +501,8 @@ class SafetyFilter:
             return f"input_age_periods = {inp.input_age_periods!r}: expected a finite age >= 0 periods", None
         if age > self.limits.stale_limit_periods:
             return f"{STALE_PREFIX} {age:g} periods old > stale_limit_periods {self.limits.stale_limit_periods}", None
-        self._coast_s = self.limits.reaction_time_s + age * dt
+        self._ages.append(age)
+        self._coast_s = self.limits.reaction_time_s + max(self._ages) * dt
         s_v = _as_scalar(inp.trust_scale)
         if s_v is None or not 0.0 <= s_v <= 1.0:
             return f"trust_scale = {inp.trust_scale!r}: expected a number in [0, 1]", None
@@ -733,30 +753,32 @@ class SafetyFilter:
         return None
 
     def _unreachable_rows(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
-        """Free the coupled world-model rows that no command in the box [lo, hi] can meet.
+        """Free the sides of coupled world-model rows that no command in the box [lo, hi] can meet.
 
-        Such a row means that, for the model, the joint's velocity and the drive's lag already
+        Such a side means that, for the model, the joint's velocity and the drive's lag already
         carry it to within the robust margin of its limit in this period (a relative-degree-two
-        effect a one-step row cannot express). Its position row is replaced by the exact command
-        rule "no further into that limit" (``lo``/``hi`` are tightened in place) and its braking
-        row is left to the command braking bound; a box that becomes empty is a conflict
-        (returned as a mask), i.e. a controlled stop. The position limit itself is never slacked.
+        effect a one-step row cannot express). That side of its position row is replaced by the
+        exact command rule "no further into that limit" (``lo``/``hi`` are tightened in place), a
+        braking-row side is left to the command braking bound. Tightening the box can make another
+        row unmeetable, so this repeats until nothing changes; a box that becomes empty is a
+        conflict (returned as a mask), i.e. a controlled stop. The check uses the QP's own
+        tightened bounds (HARD_MARGIN on the unit-normalized row). The limit is never slacked.
         """
         n, p0 = self.n, self._r_pos
         rows = slice(p0, p0 + 2 * n)  # n position rows, then n braking rows
         a = self._A[rows, :n]
         pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
-        m = self.HARD_MARGIN_RADPS
-        up_bad = pos @ lo + neg @ hi > self._u[rows] - m
-        lo_bad = pos @ hi + neg @ lo < self._l[rows] + m
-        bad = np.flatnonzero(up_bad | lo_bad)
-        if not bad.size:
-            return None
-        self._l[p0 + bad], self._u[p0 + bad] = -np.inf, np.inf
-        for r in bad[bad < n]:
-            if up_bad[r]:
+        m = self.HARD_MARGIN_RADPS * np.linalg.norm(a, axis=1)
+        l_r, u_r = self._l[rows], self._u[rows]  # views: freeing a side writes through
+        for _ in range(2 * n):
+            up_bad = np.isfinite(u_r) & (pos @ lo + neg @ hi > u_r - m)
+            lo_bad = np.isfinite(l_r) & (pos @ hi + neg @ lo < l_r + m)
+            if not (up_bad.any() or lo_bad.any()):
+                break
+            u_r[up_bad], l_r[lo_bad] = np.inf, -np.inf
+            for r in np.flatnonzero(up_bad[:n]):
                 hi[r], self._hi_src[r] = min(hi[r], 0.0), 2
-            if lo_bad[r]:
+            for r in np.flatnonzero(lo_bad[:n]):
                 lo[r], self._lo_src[r] = max(lo[r], 0.0), 2
         empty = lo > hi
         return empty if empty.any() else None
@@ -798,7 +820,8 @@ class SafetyFilter:
         lowered limit is reached by a ramp, not a jump); a joint measured beyond even that keeps
         |u| <= v_max (the speed limit wins). Returns (lo, hi, lo_is_speed_limit, hi_is_speed_limit).
         """
-        a_dt, a_dt_s = self._amax * self._dt_eff, self._amax * s_a * self._dt_eff
+        # braking uses the real elapsed time (at least a period), speeding up at most a period
+        a_dt, a_dt_s = self._amax * self._dt_brake, self._amax * s_a * self._dt_up
         ref = np.array(refs)  # (1 or 2, n)
         lo = np.maximum(ref - a_dt, np.minimum(ref, 0.0) - a_dt_s).min(axis=0)
         hi = np.minimum(ref + a_dt, np.maximum(ref, 0.0) + a_dt_s).max(axis=0)

@@ -30,6 +30,10 @@ import numpy as np
 from robot_wm.core.safety.cbf_qp import STALE_PREFIX, FilterInput, FilterOutput, FilterState, SafetyFilter, _as_vector
 
 
+#: A stale input refuses a reset once it has been stale for more than this many periods in a row.
+STALE_RESET_GRACE_PERIODS = 50
+
+
 class SafetySupervisor:
     """E-stop latch, fault latch and bookkeeping around one SafetyFilter.
 
@@ -58,6 +62,7 @@ class SafetySupervisor:
         self._estop_reason: str | None = None
         self._latched_fault: str | None = None
         self._fault_now: str | None = None  # fault of the latest period's input (None = healthy)
+        self._stale_periods = 0  # consecutive periods with a stale input
         self._last: FilterOutput | None = None
         self.periods = 0
         self.constraint_counts: Counter[str] = Counter()
@@ -133,15 +138,19 @@ class SafetySupervisor:
 
         Returns:
             (success, message). Refused while the latest period's input has a fault, and when there
-            is nothing to reset. A stale input alone does not refuse it (unless ``latch_stale``):
-            staleness latches nothing, and the arm stays stopped by it until the inputs are fresh,
-            so a momentary stall of a publisher cannot make an operator's reset fail.
+            is nothing to reset. A momentarily stale input (stale for at most
+            ``STALE_RESET_GRACE_PERIODS`` periods in a row) does not refuse it (unless
+            ``latch_stale``): staleness latches nothing and keeps the arm stopped until inputs are
+            fresh, so a publisher's brief stall cannot make an operator's reset fail; a dead
+            publisher (stale for longer) does.
         """
         if self._estop_reason is None and self._latched_fault is None:
             return False, f"reset refused: nothing to reset (no e-stop or fault latched; state {self.state.name})"
         stale_now = self._fault_now is not None and self._fault_now.startswith(STALE_PREFIX)
-        if self._fault_now is not None and (self.latch_stale or not stale_now):
-            return False, f"reset refused: fault persists: {self._fault_now}"
+        momentary = stale_now and self._stale_periods <= STALE_RESET_GRACE_PERIODS
+        if self._fault_now is not None and (self.latch_stale or not momentary):
+            lasting = f" for {self._stale_periods} periods" if stale_now else ""
+            return False, f"reset refused: fault persists{lasting}: {self._fault_now}"
         released = [x for x in (
             f"e-stop ({self._estop_reason})" if self._estop_reason else "",
             f"fault ({self._latched_fault})" if self._latched_fault else "") if x]
@@ -157,6 +166,12 @@ class SafetySupervisor:
     # -------------------------------------------------------------------- step
     def step(self, inp: FilterInput) -> FilterOutput:
         """Run one control period; the returned ``u_safe_radps`` is the command to send."""
+        out = self._step(inp)
+        stale = self._fault_now is not None and self._fault_now.startswith(STALE_PREFIX)
+        self._stale_periods = self._stale_periods + 1 if stale else 0
+        return out
+
+    def _step(self, inp: FilterInput) -> FilterOutput:
         self.periods += 1
         prev_state = self.state
         if self._estop_reason is not None:
@@ -195,25 +210,28 @@ class SafetySupervisor:
         self._last = out
         return out
 
-    def fault(self, reason: str, qdot_radps: Any = None) -> FilterOutput:
+    def fault(self, reason: str, qdot_radps: Any = None, *, elapsed_s: float | None = None,
+              latch: bool = True) -> FilterOutput:
         """Run one period whose input could not be assembled at all (e.g. a malformed joint state).
 
-        The command is the controlled stop (zero while the e-stop is latched), the state FAULT,
-        and the fault latches like any broken input (``latch_faults``); ``reset`` is refused until
-        a later ``step`` sees a usable input again.
+        The command is the controlled stop (``elapsed_s``: time since the last command; zero while
+        the e-stop is latched), the state FAULT, and with ``latch`` the fault latches like any
+        broken input (``latch_faults``); ``reset`` is refused until a later ``step`` sees a usable
+        input again. ``latch=False`` is for a period before the arm ever moved under this filter.
         """
         self.periods += 1
         prev_state = self.state
         text = str(reason).strip() or "input fault (no reason given)"
         self._fault_now = text
+        self._stale_periods = 0
         if self._estop_reason is not None:
             u = np.zeros(self.filter.n)
             out = FilterOutput(u_safe_radps=u, state=FilterState.ESTOP,
                                reason=f"{self._estop_reason}; input fault: {text}", intervention_norm=math.nan)
         else:
-            if self.latch_faults and self._latched_fault is None:
+            if latch and self.latch_faults and self._latched_fault is None:
                 self._latched_fault = text
-            u = self.filter.controlled_stop(qdot_radps)
+            u = self.filter.controlled_stop(qdot_radps, elapsed_s)
             out = FilterOutput(u_safe_radps=u, state=FilterState.FAULT, reason=text, intervention_norm=math.nan)
         self.filter.record_sent(u)
         if prev_state in (FilterState.OK, FilterState.FILTERING):
