@@ -716,24 +716,20 @@ class SafetyFilter:
         A[s0:s0 + ms, :n] = djt
         u[s0:s0 + ms] = lim.tool_speed_max_mps * s_v * SPEED_POLYTOPE_COS
 
-        # workspace barriers (table, keep-outs) of every monitored point, linearized:
-        #   h(p⁺) ≈ h(p) + g·J (q⁺ − q) >= h − γ(h) + margins,  γ(h) = min(α h, dt v_b(h)) (h >= 0), 0 (h < 0)
+        # workspace barriers (table, keep-outs) of every monitored point, on the COMMAND (as the
+        # joint braking bound: a lagging drive converges to u, and the model's one-step position
+        # barely moves with u, so a row on it let link points coast into their clearance):
+        #   h + g·J u dt >= h − γ(h) + margins,  γ(h) = min(α h, dt v_b(h)) (h >= 0), 0 (h < 0),
+        #   v_b with the reaction time and input age as the coast
         h, g = self._barriers(pts)
         gj = np.einsum("wi,wij->wj", g, jac[self._ws_point])  # (W, n) = dh/dq
         nw = len(h)
         box_w = np.maximum(np.abs(l[b0:b0 + n]), np.abs(u[b0:b0 + n]))
-        dq_bound = float(box_w.sum()) * dt  # ‖q⁺ − q‖₁ over the box (kinematic model)
-        if not kin:
-            dq_bound = max(dq_bound, float(np.abs(f0q - q).sum()))
+        dq_bound = float(box_w.sum()) * dt  # ‖q⁺ − q‖₁ over the box
         margin = np.abs(gj) @ (margin_q * np.ones(n)) + 0.5 * REACH_M * dq_bound * dq_bound
-        gamma = np.where(h >= 0.0, np.minimum(alpha * h, dt * self._brake_speed(h, self._a_ws)), 0.0)
-        lower = margin - gamma
-        if kin:
-            A[w0:w0 + nw, :n] = gj
-        else:
-            A[w0:w0 + nw, :n] = gj @ bq / dt
-            lower = lower - gj @ (f0q - bq @ u_lin - q)
-        l[w0:w0 + nw] = lower / dt
+        gamma = np.where(h >= 0.0, np.minimum(alpha * h, dt * self._brake_speed(h, self._a_ws, self._coast_s)), 0.0)
+        A[w0:w0 + nw, :n] = gj
+        l[w0:w0 + nw] = (margin - gamma) / dt
 
         # contact force: from onset on, no tool motion into the contact; n = F/|F| is the force the
         # environment exerts on the tool, so "into the contact" is −n and the row is −n·J qdot⁺ <= 0
