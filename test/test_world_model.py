@@ -296,3 +296,22 @@ def test_eval_world_model_cli_reports_three_held_out_sets(exported):
     missing = subprocess.run([sys.executable, "-m", "robot_wm.cli", "eval-world-model", "--model", "/nonexistent.onnx"],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "/nonexistent.onnx" in missing.stderr
+
+
+def test_linearize_with_std_gives_the_nominal_prediction_and_its_std_in_one_call():
+    """The safety filter takes f0, B and the κσ std from ONE batched inference; they match the
+    separate linearize() and predict(commit=False) calls (shipped model)."""
+    from robot_wm.paths import data_path
+
+    runner = WorldModelRunner(data_path("models", "world_model.onnx"), JOINTS, TASK.control_dt_s)
+    q = np.array([0.1, -1.4, 1.5, -1.6, -1.5, 0.2])
+    qd = np.array([0.2, -0.1, 0.0, 0.3, 0.0, -0.1])
+    u = np.array([0.3, 0.1, -0.2, 0.0, 0.4, 0.0])
+    f0, jac, std = runner.linearize_with_std(q, qd, u)
+    f0_ref, jac_ref = runner.linearize(q, qd, u)
+    pred = runner.predict(q, qd, u, commit=False)
+    np.testing.assert_array_equal(f0, f0_ref)
+    np.testing.assert_array_equal(jac, jac_ref)
+    np.testing.assert_allclose(f0, pred.next_state, atol=1e-5)
+    np.testing.assert_allclose(std, pred.total_std, rtol=1e-4, atol=1e-7)
+    assert std.shape == (12,) and np.all(std > 0)

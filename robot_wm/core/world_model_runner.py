@@ -190,6 +190,21 @@ class WorldModelRunner:
             f0 (12,): predicted next (q, qdot) at the nominal command;
             B (12, 6): d next_state / d action, so next_state ≈ f0 + B (u − u_nominal).
         """
+        f0, jac, _ = self.linearize_with_std(q_rad, qdot_radps, action_nominal_radps)
+        return f0, jac
+
+    def linearize_with_std(
+        self, q_rad: np.ndarray, qdot_radps: np.ndarray, action_nominal_radps: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`linearize` plus the predictive std at the nominal command, from the same call.
+
+        Row 0 of the batch is the nominal prediction, so the safety filter needs no second
+        inference for its κσ margins.
+
+        Returns:
+            f0 (12,), B (12, 6) as :meth:`linearize`; total_std (12,): sqrt(epistemic² + aleatoric²)
+            at the nominal command (= ``predict(..., commit=False).total_std``).
+        """
         q, qd = _vector("q_rad", q_rad), _vector("qdot_radps", qdot_radps)
         a = _vector("action_nominal_radps", action_nominal_radps)
         eps = self.fd_step_radps
@@ -200,7 +215,8 @@ class WorldModelRunner:
         out = self.predict_batch(np.repeat(q[None], n, 0), np.repeat(qd[None], n, 0), self._window(actions), qdots)
         x = out.next_state.astype(np.float64)
         jac = (x[1:1 + N_JOINTS] - x[1 + N_JOINTS:]).T / (2 * eps)
-        return x[0], jac
+        std = np.sqrt(out.epistemic_var[0] + out.aleatoric_var[0]).astype(np.float64)
+        return x[0], jac, std
 
     def predict_batch(
         self,

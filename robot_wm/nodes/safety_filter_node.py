@@ -252,9 +252,7 @@ class SafetyFilterNode(ControlNode):
         u_nom = self._nominal[1]
         model = None
         if self.runner is not None and u_nom.shape == (6,) and np.all(np.isfinite(u_nom)):
-            f0, jac = self.runner.linearize(q, qdot, u_nom)
-            sigma = self.runner.predict(q, qdot, u_nom, commit=False).total_std
-            model = LinearizedModel(f0, jac, sigma)
+            model = LinearizedModel(*self.runner.linearize_with_std(q, qdot, u_nom))
         speed, accel = self._scale(now)
         elapsed = None if self._last_step_s is None else now - self._last_step_s
         self._last_step_s = now
