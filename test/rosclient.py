@@ -1,4 +1,8 @@
-"""A test-side ROS client: records /joint_states and /robot_wm/wrench, publishes commands, calls services."""
+"""A test-side ROS client: records /joint_states, /robot_wm/wrench and /robot_wm/safety_status,
+publishes commands, calls services.
+
+Every subscription is made before the spin thread starts: one created on the node while another
+thread is inside ``spin_once`` was once never served in a CI run (no status ever arrived)."""
 from __future__ import annotations
 
 import threading
@@ -26,6 +30,11 @@ class ArmClient:
         self.pub = self.node.create_publisher(Float64MultiArray, "/forward_velocity_controller/commands", qos)
         self.node.create_subscription(JointState, "/joint_states", self._on_state, qos)
         self.node.create_subscription(WrenchStamped, "/robot_wm/wrench", self._on_wrench, qos)
+        from robot_wm.msg import SafetyStatus
+
+        self.statuses: list[SafetyStatus] = []  # every /robot_wm/safety_status, in arrival order
+        self.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", self.statuses.append,
+                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         self._clients: dict = {}
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)

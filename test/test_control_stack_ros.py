@@ -119,10 +119,7 @@ def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
     assert all(np.all(u == 0.0) for _, u in after), [u for _, u in after if np.any(u)][:3]
     assert _at_rest(client)
     # reset is refused while a fault persists (non-finite nominal) and accepted once inputs are healthy
-    from robot_wm.msg import SafetyStatus
-
-    statuses: list[SafetyStatus] = []
-    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    statuses = client.statuses
     source.value = [float("nan")] * 6
     # the filter has seen it (on a loaded machine that can take longer than a period or two)
     assert wait_for(lambda: statuses and "u_nominal_radps" in statuses[-1].fault_reason, 3.0), statuses[-1:]
@@ -185,8 +182,7 @@ def test_malformed_nominal_stops_the_arm_with_a_clear_status(stack, bad):
     from robot_wm.msg import SafetyStatus
 
     _, _, client, source = stack
-    statuses: list[SafetyStatus] = []
-    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    statuses = client.statuses
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert wait_for(lambda: _moving(client, 0.3), 5.0)
     source.value = bad
@@ -204,8 +200,7 @@ def test_malformed_joint_state_is_a_latched_fault_with_a_controlled_stop(stack, 
     from sensor_msgs.msg import JointState
 
     _, _, client, source = stack
-    statuses: list[SafetyStatus] = []
-    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    statuses = client.statuses
     rogue = client.node.create_publisher(JointState, "/joint_states", 10)
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert wait_for(lambda: _moving(client, 0.3), 5.0)
@@ -239,8 +234,7 @@ def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ro
 
     procs = {name: spawn(command_for(SPECS[name])) for name in ("arm_sim", "safety_filter", "policy", "goal_sequencer")}
     client = ArmClient(ros_context)
-    statuses: list[SafetyStatus] = []
-    client.node.create_subscription(SafetyStatus, "/robot_wm/safety_status", statuses.append, 10)
+    statuses = client.statuses
     try:
         assert client.wait_for_state(60.0), procs["arm_sim"].output()
         assert wait_for(lambda: _moving(client, 0.1), 60.0), procs["policy"].output()[-2000:] + procs["safety_filter"].output()[-2000:]
@@ -251,6 +245,7 @@ def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ro
         assert client.latest()[0] - t_kill < 0.5
         time.sleep(0.5)
         assert _at_rest(client)
-        assert statuses[-1].state == SafetyStatus.FAULT and "stale input" in statuses[-1].fault_reason, statuses[-1]
+        assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT
+                        and "stale input" in statuses[-1].fault_reason, 2.0), statuses[-1:]
     finally:
         client.close()
