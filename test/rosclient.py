@@ -21,7 +21,7 @@ from std_msgs.msg import Float64MultiArray
 class ArmClient:
     """Talk to an arm through the ros2_control topic contract from a test, spinning in a thread."""
 
-    def __init__(self, context: Context, name: str = "test_client") -> None:
+    def __init__(self, context: Context, name: str = "test_client", start: bool = True) -> None:
         self.node = Node(name, context=context)
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.lock = threading.Lock()
@@ -40,6 +40,11 @@ class ArmClient:
         self.executor.add_node(self.node)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._spin, daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start spinning (``start=False`` lets a caller add subscriptions on ``node`` first)."""
         self._thread.start()
 
     def _spin(self) -> None:
@@ -101,7 +106,8 @@ class ArmClient:
     def close(self) -> None:
         """Stop spinning and destroy the node."""
         self._stop.set()
-        self._thread.join(timeout=2.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=2.0)
         self.executor.remove_node(self.node)
         self.node.destroy_node()
         self.executor.shutdown(timeout_sec=1.0)

@@ -76,8 +76,9 @@ def test_hostile_nominal_commands_never_break_a_limit(spawn, ros_context, profil
     filt = spawn(command_for(specs["safety_filter"]))
     from robot_wm.msg import SafetyStatus
 
-    client = ArmClient(ros_context)
-    source = NominalSource(client)
+    client = ArmClient(ros_context, start=False)
+    source = NominalSource(client)  # its subscription exists before the client spins
+    client.start()
     urdf = description.expand()
     names = description.joint_limits(urdf).names
     kin = Kinematics(urdf, names)

@@ -70,8 +70,9 @@ def stack(spawn, ros_context):
     """arm_sim + safety_filter (with the shipped world model) as processes; nominal from the test."""
     arm = spawn(command_for(SPECS["arm_sim"]))
     filt = spawn(command_for(SPECS["safety_filter"]))
-    client = ArmClient(ros_context)
-    source = NominalSource(client)
+    client = ArmClient(ros_context, start=False)
+    source = NominalSource(client)  # its subscription exists before the client spins
+    client.start()
     try:
         assert client.wait_for_state(60.0), arm.output()
         assert wait_for(lambda: "safety filter active" in filt.output(), 60.0), filt.output()
