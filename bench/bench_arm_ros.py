@@ -33,7 +33,7 @@ def main() -> None:
 
     from robot_wm.graph import plan
     from robot_wm.rosenv import loopback_env
-    from robot_wm.supervisor import command_for
+    from robot_wm.process_group import command_for
     from rosclient import ArmClient
 
     env = loopback_env(domain_id=150 + os.getpid() % 50)

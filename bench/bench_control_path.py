@@ -27,7 +27,7 @@ Four parts, each printed as a table (``--json`` gives the same numbers as one JS
    lowest rate (100 Hz); ``--full`` or ``--modes``: every mode at every rate. Runs go rate by
    rate, so that each mode and its baseline run back to back.
    The processes come from ``robot_wm.graph.plan`` and are owned by a
-   ``robot_wm.supervisor.Supervisor`` (SIGINT, then SIGKILL after the grace period, in a
+   ``robot_wm.process_group.ProcessGroup`` (SIGINT, then SIGKILL after the grace period, in a
    ``finally``). Two measurements per configuration:
 
    * **in the chain** (default): the safety_filter process (or the composed one) is started
@@ -632,7 +632,7 @@ def _specs_for(mode: str, rate_hz: float) -> tuple[list, float]:
 
 def _command(spec, record: Path | None) -> list[str]:
     """``command_for(spec)``; the safety_filter (or composed) process via ``--child`` when ``record`` is given."""
-    from robot_wm.supervisor import command_for
+    from robot_wm.process_group import command_for
 
     cmd = command_for(spec)
     if record is not None and (spec.name == "safety_filter" or "safety_filter" in spec.composes):
@@ -740,7 +740,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorder: Recorder, env: dict[str, str],
                workdir: Path, instrument: bool, startup_timeout: float = 90.0) -> dict[str, Any]:
     """Start the stack for one (mode, rate), measure for ``seconds`` after ``warmup``, stop it; return numbers."""
-    from robot_wm.supervisor import Child, Supervisor, _die_with_parent
+    from robot_wm.process_group import Child, ProcessGroup, _die_with_parent
 
     period = 1.0 / rate_hz
     specs, arm_rate = _specs_for(mode, rate_hz)
@@ -751,30 +751,30 @@ def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorde
                            "executor": EXECUTOR_CLASS[executor_kind(mode)],
                            EXECUTOR_ENV: env.get(EXECUTOR_ENV, "(unset: the shipped default)"),
                            "status": "ok", "instrumented": instrument}
-    sup = Supervisor(specs, env)
+    group = ProcessGroup(specs, env)
     logs: dict[str, Path] = {}
     recorder.clear()
     t_start = time.monotonic()
     try:
-        for spec in sup.specs:  # Supervisor.start() with each child's output in a log file and our command
+        for spec in group.specs:  # ProcessGroup.start() with each child's output in a log file and our command
             logs[spec.name] = workdir / f"{tag}_{spec.name}.log"
             with open(logs[spec.name], "wb") as log:
                 proc = subprocess.Popen(_command(spec, record), env=env, stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                         preexec_fn=_die_with_parent)
-            sup.children.append(Child(spec, proc))
-        res["processes"] = {c.spec.name: c.process.pid for c in sup.children}
+            group.children.append(Child(spec, proc))
+        res["processes"] = {c.spec.name: c.process.pid for c in group.children}
         # up = the filter passes a non-zero command (it publishes zeros while it waits for the policy)
         deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline and not sup.failed() and not recorder.moving:
+        while time.monotonic() < deadline and not group.failed() and not recorder.moving:
             time.sleep(0.05)
         res["startup_s"] = time.monotonic() - t_start
-        if sup.failed():
-            control = [c for c in sup.children if c.spec.name in CONTROL_NODES or c.spec.composes]
+        if group.failed():
+            control = [c for c in group.children if c.spec.name in CONTROL_NODES or c.spec.composes]
             settle = time.monotonic() + 5.0  # let the other control processes finish failing too
             while time.monotonic() < settle and any(c.process.poll() is None for c in control):
                 time.sleep(0.05)
-            failed = sup.failed()
+            failed = group.failed()
             res["error"] = "; ".join(f"{c.spec.name} exited {c.process.returncode}: {_tail(logs[c.spec.name])}"
                                      for c in failed)
             res["status"] = "failed"
@@ -793,20 +793,20 @@ def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorde
         elif not recorder.moving:
             res["note"] = f"only zero commands within {startup_timeout:.0f} s (the policy's nominal never got through)"
         time.sleep(warmup)
-        cpu0 = {c.spec.name: _cpu_s(c.process.pid) for c in sup.children}
+        cpu0 = {c.spec.name: _cpu_s(c.process.pid) for c in group.children}
         own0, m0 = time.process_time(), time.monotonic()
         w0 = time.time_ns()
         time.sleep(seconds if res["status"] == "ok" else min(seconds, 2.0))
         w1 = time.time_ns()
         span = time.monotonic() - m0
         res["cpu_pct"] = {c.spec.name: 100.0 * (_cpu_s(c.process.pid) - cpu0[c.spec.name]) / span
-                          for c in sup.children if c.process.poll() is None and cpu0[c.spec.name] > 0}
-        control = {c.spec.name for c in sup.children if c.spec.name in CONTROL_NODES or c.spec.composes}
+                          for c in group.children if c.process.poll() is None and cpu0[c.spec.name] > 0}
+        control = {c.spec.name for c in group.children if c.spec.name in CONTROL_NODES or c.spec.composes}
         res["control_cpu_pct"] = sum(v for k, v in res["cpu_pct"].items() if k in control)  # policy+wm+filter
         res["stack_cpu_pct"] = sum(res["cpu_pct"].values())  # every node process
         res["cpu_pct"]["bench observer (this process)"] = 100.0 * (time.process_time() - own0) / span
         res["memory"] = {}
-        for c in sup.children:
+        for c in group.children:
             if c.process.poll() is None:
                 try:
                     res["memory"][c.spec.name] = memory_of(c.process.pid)
@@ -826,8 +826,8 @@ def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorde
             res["latency_external"] = stats_us(cmd_w[ok, 0] - js[idx[ok], 0])
             res["command_transport"] = stats_us(cmd_w[:, 1] - cmd_w[:, 0])  # filter's publish -> this observer
     finally:
-        res["stop_s"] = _stop(sup)
-        res["exit_codes"] = {c.spec.name: c.process.returncode for c in sup.children}
+        res["stop_s"] = _stop(group)
+        res["exit_codes"] = {c.spec.name: c.process.returncode for c in group.children}
         res["wall_s"] = time.monotonic() - t_start
     if record is not None and res["status"] == "ok":
         try:
@@ -844,28 +844,28 @@ def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorde
     return res
 
 
-def _stop(sup, grace_s: float = 8.0) -> dict[str, float | None]:
-    """SIGINT every child (reverse start order), note when each exits, then ``Supervisor.stop`` (SIGKILL) the rest.
+def _stop(group, grace_s: float = 8.0) -> dict[str, float | None]:
+    """SIGINT every child (reverse start order), note when each exits, then ``ProcessGroup.stop`` (SIGKILL) the rest.
 
     Returns seconds from SIGINT to exit per child (None: it had to be killed).
     """
     import signal
 
     t0 = time.monotonic()
-    for child in reversed(sup.children):
+    for child in reversed(group.children):
         if child.process.poll() is None:
             child.process.send_signal(signal.SIGINT)
-    exited: dict[str, float | None] = {c.spec.name: None for c in sup.children}
-    while time.monotonic() - t0 < grace_s and any(c.process.poll() is None for c in sup.children):
-        for c in sup.children:
+    exited: dict[str, float | None] = {c.spec.name: None for c in group.children}
+    while time.monotonic() - t0 < grace_s and any(c.process.poll() is None for c in group.children):
+        for c in group.children:
             if exited[c.spec.name] is None and c.process.poll() is not None:
                 exited[c.spec.name] = time.monotonic() - t0
         time.sleep(0.02)
-    for c in sup.children:
+    for c in group.children:
         if exited[c.spec.name] is None and c.process.poll() is not None:
             exited[c.spec.name] = time.monotonic() - t0
-    sup.grace_s = 0.5
-    sup.stop()  # SIGINT again + SIGKILL after 0.5 s for any child still running
+    group.grace_s = 0.5
+    group.stop()  # SIGINT again + SIGKILL after 0.5 s for any child still running
     return exited
 
 

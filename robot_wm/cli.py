@@ -46,7 +46,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from robot_wm.graph import EMBEDDED, plan
     from robot_wm.rosenv import loopback_env
-    from robot_wm.supervisor import Supervisor
+    from robot_wm.process_group import ProcessGroup
 
     if args.hardware != EMBEDDED:
         print(f"hardware {args.hardware!r} runs through ros2_control, which needs a ROS 2 install:\n"
@@ -57,23 +57,23 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    supervisor = Supervisor(specs, loopback_env())
-    for spec in supervisor.skipped:
+    group = ProcessGroup(specs, loopback_env())
+    for spec in group.skipped:
         print(f"up: skipping {spec.name} ({spec.package}/{spec.executable}): needs a ROS 2 install")
-    supervisor.start()
-    for child in supervisor.children:
+    group.start()
+    for child in group.children:
         print(f"up: {child.spec.name} running (pid {child.process.pid})")
     print("up: graph running on the embedded arm; Ctrl-C to stop", flush=True)
     code = 0
     while not stop.is_set():
-        failed = supervisor.failed()
+        failed = group.failed()
         if failed:
             print(f"up: {', '.join(c.spec.name for c in failed)} exited "
                   f"({', '.join(str(c.process.returncode) for c in failed)}); stopping the graph", file=sys.stderr)
             code = 1
             break
         stop.wait(0.1)
-    codes = supervisor.stop()
+    codes = group.stop()
     print(f"up: stopped ({', '.join(f'{k}={v}' for k, v in codes.items())})")
     return code
 

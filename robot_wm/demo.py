@@ -20,7 +20,7 @@ import numpy as np
 
 from robot_wm.graph import plan
 from robot_wm.rosenv import loopback_env
-from robot_wm.supervisor import Supervisor
+from robot_wm.process_group import ProcessGroup
 
 _SETTLE_S = 0.25  # ignore the first part of each segment when judging tracking (acceleration)
 TRACKING_TOLERANCE_RADPS = 0.05
@@ -121,26 +121,26 @@ def run_demo(profile: str = "nominal", out_dir: Path | None = None, live: bool |
     print(f"robot_wm demo: embedded MuJoCo arm (profile {profile}) in its own process, scripted velocity commands over ROS 2")
     context = Context()
     rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)
-    supervisor = Supervisor(specs, env)
+    group = ProcessGroup(specs, env)
     executor = SingleThreadedExecutor(context=context)
     node = ScriptedCommander(script, context=context)
     executor.add_node(node)
     spin = threading.Thread(target=lambda: _spin(executor, context, stop), daemon=True)
     code = 1
     try:
-        supervisor.start()
+        group.start()
         spin.start()
         deadline = time.monotonic() + 30.0
         while not node.has_state():
-            if stop.is_set() or supervisor.failed() or time.monotonic() > deadline:
+            if stop.is_set() or group.failed() or time.monotonic() > deadline:
                 print("the embedded arm did not publish /joint_states (see its log above)", file=sys.stderr)
                 return 1
             time.sleep(0.05)
         node.start()
         last_print = 0.0
         while not node.done.is_set() and not stop.is_set():
-            if supervisor.failed():
-                print(f"\nnode process exited: {[c.spec.name for c in supervisor.failed()]}", file=sys.stderr)
+            if group.failed():
+                print(f"\nnode process exited: {[c.spec.name for c in group.failed()]}", file=sys.stderr)
                 return 1
             now = time.monotonic()
             if live:
@@ -163,7 +163,7 @@ def run_demo(profile: str = "nominal", out_dir: Path | None = None, live: bool |
         code = 0 if summary.passed else 1
     finally:
         stop.set()
-        codes = supervisor.stop()
+        codes = group.stop()
         spin.join(timeout=2.0)
         executor.remove_node(node)
         node.destroy_node()

@@ -23,7 +23,7 @@ import numpy as np
 
 from robot_wm.graph import plan
 from robot_wm.rosenv import loopback_env
-from robot_wm.supervisor import Supervisor
+from robot_wm.process_group import ProcessGroup
 
 TOOL_SPEED_TOLERANCE_MPS = 0.1  # velocity-loop lag/overshoot above the filter's commanded limit
 JOINT_LIMIT_TOLERANCE_RAD = 0.02  # drive latency + lag coast past a soft limit (as in test/test_adversarial_e2e.py)
@@ -155,7 +155,7 @@ def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: 
     print(f"robot_wm demo: the whole stack on the embedded MuJoCo arm (profile {profile}"
           f"{', composed' if composed else ''}) for {duration_s:.0f} s: goals, a push at {t_push:.0f} s, "
           f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
-    supervisor = Supervisor(plan("mujoco", overrides={"profile": profile}, composed=composed), env)
+    group = ProcessGroup(plan("mujoco", overrides={"profile": profile}, composed=composed), env)
     context = Context()
     rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("robot_wm_demo", context=context)
@@ -167,11 +167,11 @@ def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: 
     t0 = None
     estop_at = reset_ok = None
     try:
-        supervisor.start()
+        group.start()
         spinner.start()
         deadline = time.monotonic() + 60.0
         while not (mon.status and mon.status[-1][2] in ("OK", "FILTERING")):
-            if stop.is_set() or supervisor.failed() or time.monotonic() > deadline:
+            if stop.is_set() or group.failed() or time.monotonic() > deadline:
                 print("the stack did not come up (see the node logs above)", file=sys.stderr)
                 return 1
             time.sleep(0.1)
@@ -182,8 +182,8 @@ def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: 
             now = time.monotonic() - t0
             if now >= duration_s:
                 break
-            if supervisor.failed():
-                print(f"\nnode process exited: {[c.spec.name for c in supervisor.failed()]}", file=sys.stderr)
+            if group.failed():
+                print(f"\nnode process exited: {[c.spec.name for c in group.failed()]}", file=sys.stderr)
                 return 1
             if not pushed and now >= t_push:
                 pushed = True
@@ -221,7 +221,7 @@ def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: 
         code = 0 if summary.passed else 1
     finally:
         stop.set()
-        supervisor.stop()
+        group.stop()
         spinner.join(timeout=2.0)
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()

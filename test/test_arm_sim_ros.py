@@ -8,7 +8,7 @@ import pytest
 
 from robot_wm import description, graph
 from robot_wm.core.kinematics import Kinematics
-from robot_wm.supervisor import command_for
+from robot_wm.process_group import command_for
 
 from conftest import wait_for
 from rosclient import ArmClient

@@ -13,7 +13,7 @@ from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
 from robot_wm import graph
-from robot_wm.supervisor import command_for
+from robot_wm.process_group import command_for
 
 from conftest import PYTHON, wait_for
 from rosclient import ArmClient

@@ -9,7 +9,7 @@ import yaml
 
 from robot_wm import description, graph
 from robot_wm.paths import config_path
-from robot_wm.supervisor import command_for
+from robot_wm.process_group import command_for
 
 REPO = Path(__file__).resolve().parent.parent
 

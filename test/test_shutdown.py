@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from robot_wm import graph
-from robot_wm.supervisor import command_for
+from robot_wm.process_group import command_for
 
 from conftest import PYTHON, wait_for
 

@@ -1,7 +1,7 @@
 """Start the node graph as child processes and stop it cleanly: the pip-path `robot-wm up`.
 
 Each robot_wm node runs in its own process (``python -m <module> --ros-args ...``), exactly as
-``ros2 run`` would start it. Children die with the supervisor (PR_SET_PDEATHSIG), get SIGINT in
+``ros2 run`` would start it. Children die with the process that owns the group (PR_SET_PDEATHSIG), get SIGINT in
 reverse start order on shutdown and SIGKILL if they outstay the grace period.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Child:
     process: subprocess.Popen
 
 
-class Supervisor:
+class ProcessGroup:
     """Own the node processes of one bring-up."""
 
     def __init__(self, specs: list[ProcessSpec], env: dict[str, str], grace_s: float = 1.5) -> None:
@@ -92,7 +92,7 @@ class Supervisor:
                 child.process.wait()
         return {c.spec.name: c.process.returncode for c in self.children}
 
-    def __enter__(self) -> "Supervisor":
+    def __enter__(self) -> "ProcessGroup":
         self.start()
         return self
 
@@ -100,9 +100,9 @@ class Supervisor:
         self.stop()
 
 
-def pids(supervisor: Supervisor) -> list[int]:
-    """Return the PIDs of the supervised processes (for operators and tests)."""
-    return [c.process.pid for c in supervisor.children]
+def pids(group: ProcessGroup) -> list[int]:
+    """Return the PIDs of the group's processes (for operators and tests)."""
+    return [c.process.pid for c in group.children]
 
 
-__all__ = ["Supervisor", "command_for", "pids"]
+__all__ = ["Child", "ProcessGroup", "command_for", "pids"]
