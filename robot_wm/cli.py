@@ -15,7 +15,7 @@ examples:
   robot-wm doctor                     check this machine (interfaces, DDS profile, URDF, models)
   robot-wm sim --profile real_twin    run only the embedded MuJoCo arm (Ctrl-C to stop)
   robot-wm up                         bring up the node graph on the embedded arm
-  robot-wm demo                       scripted motion through the ROS topics, live status, summary
+  robot-wm demo                       the whole stack on the embedded arm: goals, push, e-stop, summary + report
   robot-wm estop | reset | status     operator commands for the running stack's safety filter
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
 
@@ -80,10 +80,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
-    if args.scripted:
-        from robot_wm.demo import run_demo
-
-        return run_demo(profile=args.profile, out_dir=out)
     from robot_wm.stack_demo import run_stack_demo
 
     return run_stack_demo(profile=args.profile, duration_s=args.duration, out_dir=out, composed=args.composed)
@@ -146,7 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of the run (push at 40 %%, e-stop at 70 %%)")
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process")
-    p.add_argument("--scripted", action="store_true", help="instead: the arm alone under a scripted velocity sequence")
     p.add_argument("--out", default="out/demo", help="directory for the summary (and report) files")
     p.set_defaults(func=_cmd_demo)
 

@@ -17,6 +17,15 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
+from robot_wm import graph
+from robot_wm.process_group import command_for
+
+
+def arm_sim_command(**params) -> list[str]:
+    """The command line of the graph's arm_sim process alone (no control stack), with parameter overrides."""
+    spec = next(s for s in graph.plan("mujoco", overrides=params or None, stack=False) if s.name == "arm_sim")
+    return command_for(spec)
+
 
 class ArmClient:
     """Talk to an arm through the ros2_control topic contract from a test, spinning in a thread."""

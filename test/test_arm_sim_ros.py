@@ -6,26 +6,20 @@ import time
 import numpy as np
 import pytest
 
-from robot_wm import description, graph
+from robot_wm import description
 from robot_wm.core.kinematics import Kinematics
-from robot_wm.process_group import command_for
 
 from conftest import wait_for
-from rosclient import ArmClient
+from rosclient import ArmClient, arm_sim_command
 
 pytestmark = pytest.mark.ros
 JOINTS = description.joint_limits(description.expand()).names
 
 
-def _arm_cmd(**params) -> list[str]:
-    spec = next(s for s in graph.plan("mujoco", overrides=params or None, stack=False) if s.name == "arm_sim")
-    return command_for(spec)
-
-
 @pytest.fixture
 def arm(spawn, ros_context):
     """Start arm_sim in its own process and a client in this one; both stopped at teardown."""
-    proc = spawn(_arm_cmd())
+    proc = spawn(arm_sim_command())
     client = ArmClient(ros_context)
     try:
         assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()

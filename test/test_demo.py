@@ -1,48 +1,52 @@
-"""`robot-wm demo` end to end: the arm in its own process, scripted commands over ROS 2, summary."""
+"""`robot-wm demo` end to end (the whole stack), and the bare arm's tracking and timeout through its topics."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
-from robot_wm.demo import summarize
-from robot_wm.nodes.scripted_commander import Recording, Segment
-
 from conftest import PYTHON, wait_for
+from rosclient import ArmClient, arm_sim_command
+from scripted_arm import Segment, default_script, run_script, summarize
 
 pytestmark = pytest.mark.ros
 
 
-def test_scripted_demo_runs_and_reports_what_the_arm_did(spawn, tmp_path):
-    proc = spawn([PYTHON, "-m", "robot_wm.cli", "demo", "--scripted", "--out", str(tmp_path)])
-    assert wait_for(lambda: proc.process.poll() is not None, 90.0, 0.1), proc.output()
-    out = proc.output()
-    assert proc.process.returncode == 0, out
-    assert "PASS" in out and "Traceback" not in out
-    summary = json.loads((tmp_path / "demo_summary.json").read_text())
-    assert summary["passed"] and summary["profile"] == "nominal"
-    assert summary["joint_states_received"] > 1000
-    assert summary["worst_tracking_error_radps"] < 0.05
-    assert 0.0 < summary["stop_after_timeout_s"] < 0.5
+def test_scripted_arm_tracks_its_commands_and_stops_on_the_timeout(spawn, ros_context):
+    """The arm alone in its own process, a scripted velocity sequence over ROS 2, judged on /joint_states."""
+    proc = spawn(arm_sim_command())
+    client = ArmClient(ros_context)
+    try:
+        assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()
+        script = default_script()
+        t0 = run_script(client, script)
+        time.sleep(0.1)  # the last joint states of the silence
+        states = client.states_since(t0)
+    finally:
+        client.close()
+    check = summarize([s[0] for s in states], [s[2] for s in states], script, t0)
+    assert check.joint_states_received > 1000
+    assert set(check.tracking_error_radps) == {s.name for s in script if s.velocity_radps is not None}
+    assert check.worst_tracking_error_radps < 0.05, check.tracking_error_radps
+    assert check.stop_after_timeout_s is not None and 0.0 < check.stop_after_timeout_s < 0.5
+    assert check.passed
+    assert "Traceback" not in proc.output()
 
 
-def _recording(v_of_t, t_end=3.0, dt=0.002):
-    rec = Recording()
-    for t in np.arange(0.0, t_end, dt):
-        rec.t_s.append(float(t))
-        rec.q_rad.append(np.zeros(6))
-        rec.v_radps.append(np.asarray(v_of_t(t), dtype=float))
-    return rec
+def _states(v_of_t, t_end=3.0, dt=0.002):
+    t = np.arange(0.0, t_end, dt)
+    return t, [np.asarray(v_of_t(x), dtype=float) for x in t]
 
 
 def test_summary_fails_when_the_arm_does_not_follow():
     script = [Segment("move", 1.0, (0.5, 0, 0, 0, 0, 0)), Segment("silence", 1.0, None)]
-    still = summarize(_recording(lambda t: np.zeros(6)), script, 0.0, "nominal")
+    still = summarize(*_states(lambda t: np.zeros(6)), script, 0.0)
     assert not still.passed and still.tracking_error_radps["move"] == pytest.approx(0.5)
-    never_stops = summarize(_recording(lambda t: [0.5, 0, 0, 0, 0, 0]), script, 0.0, "nominal")
+    never_stops = summarize(*_states(lambda t: [0.5, 0, 0, 0, 0, 0]), script, 0.0)
     assert not never_stops.passed and never_stops.stop_after_timeout_s is None
-    good = summarize(_recording(lambda t: [0.5 if t < 1.1 else 0.0, 0, 0, 0, 0, 0]), script, 0.0, "nominal")
+    good = summarize(*_states(lambda t: [0.5 if t < 1.1 else 0.0, 0, 0, 0, 0, 0]), script, 0.0)
     assert good.passed and good.stop_after_timeout_s == pytest.approx(0.1, abs=0.01)
 
 
