@@ -80,9 +80,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
-    from robot_wm.stack_demo import run_stack_demo
+    from robot_wm.demo import run_demo
 
-    return run_stack_demo(profile=args.profile, duration_s=args.duration, out_dir=out, composed=args.composed)
+    return run_demo(profile=args.profile, duration_s=args.duration, out_dir=out, composed=args.composed)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

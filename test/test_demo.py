@@ -50,15 +50,15 @@ def test_summary_fails_when_the_arm_does_not_follow():
     assert good.passed and good.stop_after_timeout_s == pytest.approx(0.1, abs=0.01)
 
 
-def test_stack_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
+def test_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
     """`make demo`'s job, shortened: goals through policy + world model + safety filter, a push,
     an e-stop and a reset, measured on the arm; the PNG report and the JSON summary are written."""
     proc = spawn([PYTHON, "-m", "robot_wm.cli", "demo", "--duration", "16", "--out", str(tmp_path)])
     assert wait_for(lambda: proc.process.poll() is not None, 180.0, 0.2), proc.output()
     out = proc.output()
     assert "Traceback" not in out, out
-    summary = json.loads((tmp_path / "stack_demo_summary.json").read_text())
-    assert (tmp_path / "stack_demo_report.png").stat().st_size > 10_000
+    summary = json.loads((tmp_path / "demo_summary.json").read_text())
+    assert (tmp_path / "demo_report.png").stat().st_size > 10_000
     assert summary["estop_to_rest_s"] is not None and summary["estop_to_rest_s"] < 0.3
     assert summary["resumed_after_reset"]
     assert summary["filter_states"].get("ESTOP", 0) > 100  # latched for the 3 s until the reset

@@ -31,8 +31,8 @@ PUSH_WINDOW_S = 1.0  # an external push moves the arm faster than any command: n
 
 
 @dataclass
-class StackDemoSummary:
-    """What the stack demo measured."""
+class DemoSummary:
+    """What the demo measured."""
 
     profile: str
     duration_s: float
@@ -127,9 +127,9 @@ def _call(node, srv_type, name: str, request, timeout_s: float = 5.0):
     return future.result()
 
 
-def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path | None = Path("out/demo"),
-                   composed: bool = False, live: bool | None = None) -> int:
-    """Run the stack demo; 0 when it passed (goals reached, no limit violated, e-stop worked)."""
+def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path | None = Path("out/demo"),
+             composed: bool = False, live: bool | None = None) -> int:
+    """Run the demo; 0 when it passed (goals reached, no limit violated, e-stop worked)."""
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
@@ -215,9 +215,9 @@ def run_stack_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: 
         if out_dir is not None:
             out_dir = Path(out_dir)
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "stack_demo_summary.json").write_text(json.dumps(asdict(summary), indent=2))
-            png = _report(mon, kin, limits, names, t0, out_dir / "stack_demo_report.png")
-            print(f"summary: {out_dir / 'stack_demo_summary.json'}   report: {png}")
+            (out_dir / "demo_summary.json").write_text(json.dumps(asdict(summary), indent=2))
+            png = _report(mon, kin, limits, names, t0, out_dir / "demo_report.png")
+            print(f"summary: {out_dir / 'demo_summary.json'}   report: {png}")
         code = 0 if summary.passed else 1
     finally:
         stop.set()
@@ -256,7 +256,7 @@ def _tool_speeds(mon: _Monitor, kin) -> tuple[np.ndarray, np.ndarray]:
     return t, speed
 
 
-def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) -> StackDemoSummary:
+def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) -> DemoSummary:
     with mon.lock:
         js = list(mon.js)
         status = list(mon.status)
@@ -283,7 +283,7 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) ->
         np.abs(qd).max() > 0.05 for t, _, qd in js if t - t0 > reset_at + 0.2)
     pred = np.array([e for _, e in mon.pred_err])
     t_js = np.array([x[0] for x in js])
-    summary = StackDemoSummary(
+    summary = DemoSummary(
         profile=profile, duration_s=duration_s, goals_reached=len(reached), goals_timed_out=timed_out,
         time_to_goal_s_median=float(np.median(times)) if times else None, joint_limit_violations=violations,
         max_limit_overshoot_rad=float(max(over.max(), 0.0)) if len(over) else 0.0,
@@ -307,7 +307,7 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) ->
     return summary
 
 
-def _print_summary(s: StackDemoSummary) -> None:
+def _print_summary(s: DemoSummary) -> None:
     print("---- summary (measured on the arm's /joint_states) ----")
     for line in s.events:
         print("  " + line)
