@@ -6,7 +6,7 @@ starts the specs that have a Python module as subprocesses. Tests check the plan
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,9 @@ from robot_wm.paths import config_path
 
 EMBEDDED = "mujoco"
 KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco")
+SAFETY_FILTER = "safety_filter"
+TRUST_MONITOR = "trust_monitor"
+_PHASE_SIM, _PHASE_REAL, _LEVEL_STOP = 0, 2, 3  # msg/TrustState.msg PHASE_SIM, PHASE_REAL, LEVEL_STOP
 
 
 class GraphError(ValueError):
@@ -113,6 +116,7 @@ def plan(
     overrides: dict[str, Any] | None = None,
     composed: bool = False,
     stack: bool = True,
+    enable: bool = False,
 ) -> list[ProcessSpec]:
     """Return the processes that bring up robot_wm on ``hardware``.
 
@@ -123,13 +127,22 @@ def plan(
         overrides: parameters set on every robot_wm node (e.g. ``{"profile": "real_twin"}`` for arm_sim).
         composed: run the graph's ``composed.nodes`` in one process (config/graph.yaml ``composed``).
         stack: include the control stack (False: only the hardware side, e.g. for driving the arm directly).
+        enable: let the safety filter release its start latch by itself (``enable_on_start``);
+            allowed on the embedded arm only — on hardware an operator enables it.
     Returns:
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
+
+    The safety filter also gets ``default_phase`` from the hardware (SIM on the embedded arm, REAL
+    on every other), and ``default_trust_level`` STOP whenever the graph has a trust monitor (the
+    arm must not move before the monitor has spoken).
     """
     from robot_wm import description  # xacro is needed only when a node takes the description
 
     if not hardware or any(c.isspace() for c in hardware):
         raise GraphError(f"hardware {hardware!r}: expected mock, gazebo, topic_based, mujoco or a plugin name")
+    if enable and hardware != EMBEDDED:
+        raise GraphError(f"enable (enable_on_start) is for the embedded arm only, not hardware {hardware!r}: "
+                         "on hardware an operator enables the safety filter (robot-wm reset)")
     data = load_graph(graph_path)
     group = hardware if hardware in data["hardware"] else "ros2_control"
     entries = [(f"hardware.{group}[{i}]", e) for i, e in enumerate(data["hardware"][group] or [])]
@@ -146,7 +159,14 @@ def plan(
             )
         if overrides and spec.package == "robot_wm":
             params.update(overrides)
+        if spec.name == SAFETY_FILTER:
+            params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
+            if enable:
+                params["enable_on_start"] = True
         specs.append(ProcessSpec(spec.name, spec.package, spec.executable, spec.module, spec.param_files, spec.arguments, params))
+    if any(s.name == TRUST_MONITOR for s in specs):
+        specs = [replace(s, parameters={**s.parameters, "default_trust_level": _LEVEL_STOP})
+                 if s.name == SAFETY_FILTER else s for s in specs]
     if composed and stack:
         specs = _compose(specs, data.get("composed"))
     names = [s.name for s in specs]

@@ -1,9 +1,10 @@
 """The CBF-QP safety filter (robot_wm.core.safety), tested by behaviour.
 
 Every property is checked INDEPENDENTLY of the filter's own matrices: joint limits on the
-predicted next state, the speed and acceleration boxes, the tool speed through pinocchio's
-Jacobian, the workspace barriers through pinocchio's forward kinematics of the next state, and —
-in closed loop on the MuJoCo arm — on the TRUE joint state at every 1 ms physics step.
+predicted next state, the speed and acceleration boxes around the previous command, the tool speed
+through pinocchio's Jacobian, the workspace barriers through pinocchio's forward kinematics of the
+next state, and — in closed loop on the MuJoCo arm, through SafetyController as the node runs it —
+on the TRUE joint state at every 1 ms physics step.
 """
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ from robot_wm.core.safety import (
     LOOSENING_FIELDS,
     LOOSENING_IF_DECREASED,
     SPEED_POLYTOPE_COS,
+    ControllerConfig,
+    FaultKind,
     FilterInput,
     FilterState,
     LinearizedModel,
+    JointSample,
+    NominalSample,
     Phase,
+    SafetyController,
     SafetyFilter,
     SafetyLimits,
     SafetyLimitsError,
@@ -250,7 +256,7 @@ def test_osqp_setup_runs_once_across_thousands_of_periods(limits, kin, monkeypat
     for i in range(3000):
         if i % 50 == 0:
             nominal = rng.uniform(-3.0, 3.0, 6)
-        out = f.filter(FilterInput(q, qd, nominal))
+        out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd))
         solved += out.solver_status == 1
         qd = out.u_safe_radps
         q = q + qd * DT
@@ -288,6 +294,18 @@ def _random_state(data, limits: SafetyLimits):
     return q, qd
 
 
+def _previous_command(data, qd, limits: SafetyLimits):
+    """The command sent last period: what the arm tracks, zero (after a stop), or anything within
+    the speed limits (the measured velocity lags, glitches or is pushed by the environment)."""
+    kind = data.draw(st.sampled_from(["tracking", "tracking", "zero", "random"]))
+    if kind == "tracking":
+        return qd.copy()
+    if kind == "zero":
+        return np.zeros(6)
+    vec = np.array(data.draw(st.lists(st.floats(-1.0, 1.0), min_size=6, max_size=6)))
+    return vec * limits.vel_max_radps
+
+
 def _nominal(data, qd):
     kind = data.draw(st.sampled_from(["small", "full", "huge", "hold"]))
     if kind == "hold":
@@ -300,30 +318,34 @@ def _nominal(data, qd):
 @settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_filtered_command_keeps_every_hard_constraint(data, limits, kin, geometry):
-    """Kinematic model, random and adversarial states: q⁺ = q + u dt within the joint limits and
-    stoppable, |u| <= v_max, |u − qdot| <= a_max dt, tool speed within the limit up to the reported
-    slack, workspace barriers of the next state (FK) kept up to the reported slack; stops are
-    never the nominal."""
+    """Kinematic model, random and adversarial states and previous commands: q⁺ = q + u dt within
+    the joint limits and stoppable, |u| <= v_max, the acceleration box around the PREVIOUS COMMAND
+    (never around the measured velocity: a glitchy sample must not open it), tool speed within the
+    limit up to the reported slack, workspace barriers of the next state (FK) kept up to the
+    reported slack; stops are never the nominal."""
     f = _fresh_filter(limits, kin)
     q, qd = _random_state(data, limits)
+    u_prev = _previous_command(data, qd, limits)
     nominal = _nominal(data, qd)
     scale = data.draw(st.sampled_from([1.0, 1.0, 0.6, 0.3]))
-    out = f.filter(FilterInput(q, qd, nominal, trust_scale=scale))
+    out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=u_prev, trust_scale=scale))
     event(out.state.name)
     u = out.u_safe_radps
     assert u.shape == (6,) and np.all(np.isfinite(u))
     if out.is_stop:
         assert out.state in (FilterState.STOPPING, FilterState.FAULT) and out.reason
-        # a fresh filter stops from the measured velocity: one step of the stop ramp
-        expected = np.sign(qd) * np.maximum(np.abs(qd) - limits.stop_decel_radps2 * DT, 0.0)
+        # a stop ramps the previous command toward zero (one step of the stop ramp)
+        expected = np.sign(u_prev) * np.maximum(np.abs(u_prev) - limits.stop_decel_radps2 * DT, 0.0)
         np.testing.assert_allclose(u, expected, atol=1e-12)
         return
     lim = limits
     vmax, amax = lim.vel_max_radps, lim.accel_max_radps2
-    # speed and acceleration boxes (speeding up is scaled by trust, braking is not)
-    cap = np.maximum(vmax * scale, np.abs(qd) - amax * DT)
+    # speed and acceleration boxes around the previous command (speeding up is scaled by trust,
+    # braking is not); the measured velocity plays no part
+    cap = np.maximum(vmax * scale, np.abs(u_prev) - amax * DT)
     assert np.all(np.abs(u) <= np.minimum(cap, vmax) + TOL)
-    assert np.all(np.abs(u - qd) <= amax * DT + TOL)
+    assert np.all(np.abs(u - u_prev) <= amax * DT + TOL)
+    assert np.all(np.abs(u) <= np.abs(u_prev) + amax * scale * DT + TOL)
     # joint limits of the predicted next state, and the next state can still stop in time
     q_next = q + u * DT
     assert np.all(q_next <= lim.upper_rad + TOL) and np.all(q_next >= lim.lower_rad - TOL)
@@ -371,7 +393,7 @@ def test_nominal_passes_unchanged_when_no_constraint_is_active(data, limits, kin
     step = np.array(data.draw(st.lists(st.floats(-1.0, 1.0), min_size=6, max_size=6)))
     nominal = qd + 0.9 * limits.accel_max_radps2 * DT * step
     assume(tool_speed(kin, q, nominal) < 0.4)
-    out = f.filter(FilterInput(q, qd, nominal))
+    out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd))
     assert out.state == FilterState.OK, (out.reason, out.active_constraints)
     assert np.array_equal(out.u_safe_radps, nominal)
     assert out.active_constraints == () and out.intervention_norm == 0.0
@@ -385,7 +407,7 @@ def test_tool_speed_is_exact_along_the_nominal_direction(limits, kin):
     direction = np.array([0.3, -0.5, 0.2]) / np.linalg.norm([0.3, -0.5, 0.2])
     qd = np.linalg.pinv(jv) @ (0.48 * direction)  # already moving at 0.48 m/s
     nominal = np.linalg.pinv(jv) @ (1.0 * direction)
-    out = f.filter(FilterInput(HOME, qd, nominal))
+    out = f.filter(FilterInput(HOME, qd, nominal, u_prev_radps=qd))
     v = jv @ out.u_safe_radps
     assert out.state == FilterState.FILTERING and "tool_speed" in out.active_constraints
     assert np.linalg.norm(v) <= limits.tool_speed_max_mps + TOL
@@ -403,10 +425,10 @@ def test_adversarial_inputs_give_a_controlled_stop_never_the_nominal(case, limit
     # warm up: moving at 1 rad/s on the elbow with a filtered command
     q, qd = HOME.copy(), np.zeros(6)
     for _ in range(30):
-        out = f.filter(FilterInput(q, qd, np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])))
+        out = f.filter(FilterInput(q, qd, np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0]), u_prev_radps=qd))
         qd = out.u_safe_radps
         q = q + qd * DT
-    last = f.last_command_radps
+    last = qd.copy()  # the command sent last
     nominal = np.array([0.0, 0.0, 1.5, 0.0, 0.0, 0.0])
     kwargs: dict = {}
     n_q, n_qd = q.copy(), qd.copy()
@@ -434,7 +456,7 @@ def test_adversarial_inputs_give_a_controlled_stop_never_the_nominal(case, limit
         expect = FilterState.STOPPING
     elif case == "bad_trust_scale":
         kwargs["trust_scale"] = 1.5
-    out = f.filter(FilterInput(n_q, n_qd, nominal, **kwargs))
+    out = f.filter(FilterInput(n_q, n_qd, nominal, u_prev_radps=last, **kwargs))
     assert out.state == expect, out.reason
     assert out.reason and (out.fault_reason == out.reason) == (expect == FilterState.FAULT)
     ramp = np.sign(last) * np.maximum(np.abs(last) - limits.stop_decel_radps2 * DT, 0.0)
@@ -443,7 +465,7 @@ def test_adversarial_inputs_give_a_controlled_stop_never_the_nominal(case, limit
     # the stop continues: decelerating within the stop deceleration, then zero, held
     prev = out.u_safe_radps
     for _ in range(40):
-        out = f.filter(FilterInput(n_q, n_qd, nominal, **kwargs))
+        out = f.filter(FilterInput(n_q, n_qd, nominal, u_prev_radps=prev, **kwargs))
         if case == "at_upper_limit_full_speed_in" and not out.is_stop:
             # once the commanded ramp is at zero the command may move the joint back inside
             assert np.array_equal(prev, np.zeros(6)) and out.u_safe_radps[2] < 0
@@ -487,12 +509,12 @@ def test_reduced_trust_ramps_speed_down_to_the_scaled_limit(limits, kin):
     q, qd = HOME.copy(), np.zeros(6)
     nominal = np.array([0, 0, 0, 0, 0, 2.0])  # wrist_3 spins the tool about its own origin: no tool speed
     for _ in range(40):
-        qd = f.filter(FilterInput(q, qd, nominal)).u_safe_radps
+        qd = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd)).u_safe_radps
         q = q + qd * DT
     assert qd[5] == pytest.approx(2.0, abs=1e-12)
     speeds = []
     for _ in range(30):
-        out = f.filter(FilterInput(q, qd, nominal, trust_scale=0.3))
+        out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd, trust_scale=0.3))
         assert out.state == FilterState.FILTERING
         assert np.all(np.abs(out.u_safe_radps - qd) <= limits.accel_max_radps2 * DT + TOL)
         qd = out.u_safe_radps
@@ -514,10 +536,19 @@ def test_table_keepouts_and_contact_force(limits, kin, geometry):
     # below the onset (0.7 * 20 N = 14 N) the force restricts nothing
     out = f.filter(FilterInput(HOME, np.zeros(6), 0.05 * down, force_n=np.array([0.0, 0.0, 13.0])))
     assert out.state == FilterState.OK
-    # sideways motion along the contact is still allowed
+    # sideways motion along the contact is still allowed below the force limit
     side = np.linalg.pinv(jv) @ np.array([0.0, 0.05, 0.0])
+    out = f.filter(FilterInput(HOME, np.zeros(6), side, force_n=np.array([0.0, 0.0, 15.0])))
+    assert np.linalg.norm(jv @ out.u_safe_radps - jv @ side) < 0.01  # the soft row's 5 mm/s QP margin
+    # above the limit (30 N > 20 N) the tool must retreat from the contact (a hard row, on the command)
+    from robot_wm.core.safety.qp import FORCE_RETREAT_MPS
+
     out = f.filter(FilterInput(HOME, np.zeros(6), side, force_n=np.array([0.0, 0.0, 30.0])))
-    assert np.linalg.norm(jv @ out.u_safe_radps - jv @ side) < 0.01
+    assert out.state == FilterState.FILTERING and "contact_force" in out.active_constraints
+    assert (jv @ out.u_safe_radps)[2] >= FORCE_RETREAT_MPS - TOL
+    # ... and when the other limits do not allow a retreat, the arm stops instead
+    stuck = f.filter(FilterInput(HOME, np.zeros(6), side, force_n=np.array([0.0, 0.0, 30.0]), trust_scale=0.01))
+    assert stuck.is_stop or (jv @ stuck.u_safe_radps)[2] >= FORCE_RETREAT_MPS - TOL
     # driving the tool down at the table (config limits: no test keep-outs in the way): the
     # next-state clearance (true FK) is never negative and the tool settles at the clearance
     base = load_safety_limits()
@@ -527,7 +558,7 @@ def test_table_keepouts_and_contact_force(limits, kin, geometry):
     for _ in range(150):
         jv = kin.tool_jacobian(q)[:3]
         nominal = np.linalg.pinv(jv) @ np.array([0.0, 0.0, -1.0])
-        out = f.filter(FilterInput(q, qd, nominal))
+        out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd))
         assert not out.is_stop, out.reason
         qd = out.u_safe_radps
         q = q + qd * DT
@@ -579,7 +610,8 @@ def test_world_model_path_keeps_the_predicted_next_state_safe(data, limits, kin)
     sigma = data.draw(st.sampled_from([0.0, 1e-4, 1e-3]))
     u_lin = nominal  # the node linearizes the world model at the nominal it passes in
     mdl = _lagged_model(q, qd, u_lin, sigma=sigma)
-    out = f.filter(FilterInput(q, qd, nominal, model=mdl))
+    u_prev = _previous_command(data, qd, limits)
+    out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=u_prev, model=mdl))
     event(out.state.name)
     u = out.u_safe_radps
     assert np.all(np.isfinite(u))
@@ -595,9 +627,14 @@ def test_world_model_path_keeps_the_predicted_next_state_safe(data, limits, kin)
     at_up, at_lo = h_up_now <= kappa * sigma, h_lo_now <= kappa * sigma
     ok_up = np.where(at_up, u <= TOL, ok_up)
     ok_lo = np.where(at_lo, u >= -TOL, ok_lo)
+    # ... and so it is where NO command in the acceleration box can meet the row (the joint's
+    # velocity already carries it into the margin, e.g. 1.5 rad/s toward a limit 11 mm away after
+    # a zero command): the filter replaces that side by the exact command rule, never slacks it
+    ok_up |= u <= TOL
+    ok_lo |= u >= -TOL
     assert np.all(ok_up & ok_lo)
     assert np.all(np.abs(u) <= limits.vel_max_radps + TOL)
-    assert np.all(np.abs(u - qd) <= limits.accel_max_radps2 * DT + TOL)
+    assert np.all(np.abs(u - u_prev) <= limits.accel_max_radps2 * DT + TOL)
     # the braking bound holds for the command too (reaction time included)
     a_brake = limits.brake_fraction * limits.accel_max_radps2
     react = limits.reaction_time_s
@@ -608,6 +645,52 @@ def test_world_model_path_keeps_the_predicted_next_state_safe(data, limits, kin)
     cap = limits.tool_speed_max_mps + out.slack["tool_speed_mps"]
     assert tool_speed(kin, q, u) <= cap + TOL
     assert tool_speed(kin, q, x_next[6:]) <= max(cap, tool_speed(kin, q, qd)) + TOL
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_wrong_world_model_still_keeps_the_plant_within_its_limits(data, limits, kin):
+    """The world model is WRONG (model ≠ plant): it claims a drive three times faster, or slower,
+    than ArmSim's real_twin, with a small σ. Through SafetyController, a hostile nominal into a
+    joint limit must still leave the PLANT (true state at every 1 ms step) within the soft limits
+    up to the drive's coast (the 20 mrad of the end-to-end tests): the command braking bound and
+    the acceleration box act on the command, which the plant tracks whatever the model says."""
+    from robot_wm.sim import ArmSim
+
+    joint = data.draw(st.integers(0, 5))
+    upper = data.draw(st.booleans())
+    beta = data.draw(st.sampled_from([0.1, 0.9]))  # the model's (wrong) fraction of the command reached per period
+    sim = ArmSim("real_twin", seed=data.draw(st.integers(0, 3)))
+    ctrl = SafetyController(limits, kin, ControllerConfig(dt_s=DT, require_model=True, default_trust_level=0,
+                                                          default_phase=0, force_sensor=False, auto_enable=True),
+                            model=_WrongModel(beta))
+    nominal = np.zeros(6)
+    nominal[joint] = (1.0 if upper else -1.0) * limits.vel_max_radps[joint]
+    worst = np.inf
+    for k in range(150):
+        js = sim.joint_state()
+        t = k * DT
+        out = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t), nominal=NominalSample(nominal, t))
+        sim.set_command(out.u_safe_radps)
+        for _ in range(int(round(DT / sim.dt_s))):
+            sim.step(1)
+            qt = sim.true_joint_state().position_rad
+            worst = min(worst, float(np.min(np.minimum(qt - limits.lower_rad, limits.upper_rad - qt))))
+    event(f"beta {beta}")
+    assert worst >= -0.02, f"the plant crossed a soft limit by {-worst:.4f} rad with a wrong model"
+
+
+class _WrongModel:
+    """A world model that is wrong about the drive: the velocity reaches ``beta`` of the command per period."""
+
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+
+    def linearize_with_std(self, q, qd, u):
+        return _lagged_model(np.asarray(q), np.asarray(qd), np.asarray(u), beta=self.beta, sigma=1e-4)
+
+    def commit(self, u) -> None:
+        pass
 
 
 # ------------------------------------------------------------------------------ closed loop
@@ -628,7 +711,8 @@ def test_closed_loop_on_the_simulated_arm_never_violates_limits(limits, kin, geo
     """
     from robot_wm.sim import ArmSim
 
-    f = SafetyFilter(limits, kin, DT)
+    ctrl = SafetyController(limits, kin, ControllerConfig(dt_s=DT, require_model=False, default_trust_level=0,
+                                                          default_phase=0, force_sensor=False, auto_enable=True))
     sim = ArmSim("nominal", seed=0)
     rng = np.random.default_rng(7)
     steps = int(round(DT / sim.dt_s))
@@ -645,7 +729,8 @@ def test_closed_loop_on_the_simulated_arm_never_violates_limits(limits, kin, geo
             p = kin.tool_position_m(js.position_rad)
             err = targets[phase - 1] - p
             nominal = np.linalg.pinv(kin.tool_jacobian(js.position_rad)[:3]) @ (2.0 * err / np.linalg.norm(err))
-        out = f.filter(FilterInput(js.position_rad, js.velocity_radps, nominal))
+        t = period * DT
+        out = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t), nominal=NominalSample(nominal, t))
         stops += out.is_stop
         commanded = tool_speed(kin, js.position_rad, out.u_safe_radps)
         worst_cmd_excess = max(worst_cmd_excess, commanded - limits.tool_speed_max_mps - out.slack["tool_speed_mps"])
@@ -666,7 +751,7 @@ def test_closed_loop_on_the_simulated_arm_never_violates_limits(limits, kin, geo
     assert worst_clear > 0.0, "a monitored point entered a keep-out or the table"
     assert worst_cmd_excess <= TOL, "commanded tool speed above the limit plus the reported slack"
     assert worst_mean_speed <= limits.tool_speed_max_mps + 0.05
-    assert stops <= 20
+    assert stops <= 20 and not ctrl.supervisor.latched, ctrl.supervisor.latch_text()
 
 
 def test_implausible_model_slope_falls_back_to_the_kinematic_model(limits, kin):
@@ -685,6 +770,21 @@ def test_implausible_model_slope_falls_back_to_the_kinematic_model(limits, kin):
     np.testing.assert_allclose(with_bad.u_safe_radps, kinematic.u_safe_radps, atol=1e-9)
 
 
+def test_an_implausible_model_slope_is_a_fault_when_the_model_is_required(limits, kin):
+    """require_model (the node's default): the kinematic model may not stand in for the world model
+    the filter was configured to trust, so an implausible slope is a FAULT (controlled stop) that
+    says what was wrong — and it does not latch: it lasts while the model is implausible."""
+    f = SafetyFilter(limits, kin, DT, require_model=True)
+    q, qd = HOME.copy(), np.zeros(6)
+    bad_b = np.vstack([DT * np.eye(6), np.eye(6)])
+    bad_b[6 + 2, 2] = -0.2
+    out = f.filter(FilterInput(q, qd, np.array([0.0, 0.0, 0.3, 0.0, 0.0, 0.0]),
+                               model=LinearizedModel(np.concatenate([q, qd]), bad_b, np.zeros(12))))
+    assert out.state == FilterState.FAULT and out.fault_kind == FaultKind.MODEL_IMPLAUSIBLE
+    assert "slope B implausible" in out.reason and not out.fault_kind.latches
+    assert np.array_equal(out.u_safe_radps, np.zeros(6))
+
+
 def test_resting_at_a_limit_with_an_uncertain_model_stays_feasible(limits, kin):
     """At (or a hair past) a soft limit, at rest, a world model with σ > 0 must not make the QP
     infeasible for good: the command may not push further in, and everything else still moves."""
@@ -697,7 +797,7 @@ def test_resting_at_a_limit_with_an_uncertain_model_stays_feasible(limits, kin):
     nominal = np.array([0.2, 0.0, 0.0, 0.0, 0.0, 0.5])  # keeps pushing wrist_3 into the limit
     for _ in range(20):
         model = LinearizedModel(np.concatenate([q, qd]) + b @ nominal, b, sigma)
-        out = f.filter(FilterInput(q, qd, nominal, model=model))
+        out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd, model=model))
         assert out.state in (FilterState.OK, FilterState.FILTERING), out.reason
         assert out.u_safe_radps[5] <= 1e-9  # not further into the limit
         assert out.u_safe_radps[0] > 0.05  # the other joints keep moving
@@ -712,13 +812,13 @@ def test_a_late_period_keeps_the_stop_deceleration_in_real_time(limits, kin):
     stale limit the step is capped at stale_limit_periods * dt."""
     f = _fresh_filter(limits, kin)
     qd = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # wrist_3 turns the tool about its own point
-    assert f.filter(FilterInput(HOME, qd, qd)).state == FilterState.OK  # sent 1.0 rad/s
-    late = f.filter(FilterInput(HOME, qd, qd, trust_scale=0.0, elapsed_s=3 * DT))  # stop, 30 ms later
+    assert f.filter(FilterInput(HOME, qd, qd, u_prev_radps=qd)).state == FilterState.OK  # sent 1.0 rad/s
+    late = f.filter(FilterInput(HOME, qd, qd, u_prev_radps=qd, trust_scale=0.0, elapsed_s=3 * DT))  # stop, 30 ms later
     assert late.state == FilterState.STOPPING
     assert late.u_safe_radps[5] == pytest.approx(1.0 - limits.stop_decel_radps2[5] * 3 * DT)
     f.reset()
-    f.filter(FilterInput(HOME, qd, qd))
-    very_late = f.filter(FilterInput(HOME, qd, qd, trust_scale=0.0, elapsed_s=10.0))
+    f.filter(FilterInput(HOME, qd, qd, u_prev_radps=qd))
+    very_late = f.filter(FilterInput(HOME, qd, qd, u_prev_radps=qd, trust_scale=0.0, elapsed_s=10.0))
     assert very_late.u_safe_radps[5] == pytest.approx(
         max(1.0 - limits.stop_decel_radps2[5] * limits.stale_limit_periods * DT, 0.0))
 
@@ -741,7 +841,7 @@ def test_older_inputs_brake_earlier_for_a_joint_limit(limits, kin):
     allowed = []
     for age in (0.0, 3.0):
         f = _fresh_filter(limits, kin)
-        out = f.filter(FilterInput(q, qd, qd * 1.15, input_age_periods=age))
+        out = f.filter(FilterInput(q, qd, qd * 1.15, u_prev_radps=qd, input_age_periods=age))
         assert out.state == FilterState.FILTERING and "joint_limit:wrist_3" in out.active_constraints
         a_b = limits.brake_fraction * limits.accel_max_radps2[5]
         coast = limits.reaction_time_s + age * DT
@@ -779,7 +879,7 @@ def test_a_joint_resting_at_its_limit_leaves_the_qp_easy(limits, kin):
         nominal = np.concatenate([rng.uniform(-0.3, 0.3, 5), [0.35]])
         mdl = _lagged_model(q, qd, nominal, beta=0.3, sigma=4e-4)
         mdl = LinearizedModel(mdl.f0 + np.r_[np.zeros(11), 0.004], mdl.B, mdl.sigma)  # drift at the limit
-        out = f.filter(FilterInput(q, qd, nominal, model=mdl))
+        out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd, model=mdl))
         assert out.state in (FilterState.OK, FilterState.FILTERING), out.reason
         assert out.u_safe_radps[5] <= 0.0
         qd = out.u_safe_radps
@@ -799,8 +899,10 @@ def test_policy_closed_loop_on_the_arm_with_the_shipped_world_model_solves_every
     base = load_safety_limits()
     wm = WorldModelRunner(str(data_path("models", "world_model.onnx")), kin.joint_names, DT)
     pol = PolicyRunner(str(data_path("models", "policy.onnx")), kin.joint_names, DT)
+    ctrl = SafetyController(base, kin, ControllerConfig(dt_s=DT, require_model=True, default_trust_level=0,
+                                                        default_phase=0, force_sensor=False, auto_enable=True), model=wm)
     # no wall-clock limit on the solve: a preempted solve on a loaded CI box is not what this tests
-    f = SafetyFilter(base, kin, DT, require_model=True, osqp_settings={"time_limit": 1e10})
+    ctrl.filter = SafetyFilter(base, kin, DT, require_model=True, osqp_settings={"time_limit": 1e10})
     sim = ArmSim("nominal", seed=0)
     goals = np.array([[-0.45, -0.20, 0.30], [-0.35, 0.10, 0.40], [-0.55, 0.05, 0.25], [-0.40, -0.25, 0.45]])
     states = collections.Counter()
@@ -809,11 +911,9 @@ def test_policy_closed_loop_on_the_arm_with_the_shipped_world_model_solves_every
         js = sim.joint_state()
         q, qd = js.position_rad, js.velocity_radps
         u_nom = pol.act(make_obs(q, qd, kin.tool_position_m(q), goals[(t // 200) % 4]))
-        f0, jac = wm.linearize(q, qd, u_nom)
-        sigma = wm.predict(q, qd, u_nom, commit=False).total_std
-        out = f.filter(FilterInput(q, qd, u_nom, model=LinearizedModel(f0, jac, sigma)))
-        states[out.state.name] += 1
-        wm.commit(out.u_safe_radps)
+        out = ctrl.step(t * DT, joint=JointSample(q, qd, t * DT), nominal=NominalSample(u_nom, t * DT))
+        if t:  # the first period is the start latch, which auto_enable releases after it
+            states[out.state.name] += 1
         sim.set_command(out.u_safe_radps)
         sim.step(int(round(DT / sim.dt_s)))
         q5_max = max(q5_max, q[5])

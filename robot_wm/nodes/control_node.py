@@ -60,8 +60,9 @@ class ControlNode(LifecycleNode):
     def _on_joint_state(self, msg: JointState) -> None:
         try:
             q, qdot = joint_state_arrays(msg, self.joint_names if self.joint_names != [""] else list(msg.name))
-        except InputError as exc:  # keep the last good state (the filter stops from it), flag the error
-            self.state_error = str(exc)
+        except Exception as exc:  # noqa: BLE001 (InputError, or a message no conversion expected: flag it, never raise)
+            # keep the last good state, flag the error: the filter latches a FAULT naming it
+            self.state_error = str(exc) if isinstance(exc, InputError) else f"unreadable message: {type(exc).__name__}: {exc}"
             self.state_errors += 1
             self.get_logger().error(f"bad joint state: {exc}", throttle_duration_sec=1.0)
             return

@@ -1,0 +1,572 @@
+"""SafetyController: the whole safety filter's control period, from plain inputs to one command.
+
+The safety_filter node, the composed control stack, the benchmarks, the library-mode evaluation
+and the tests all run this one object (moveit_servo's split: a core class on plain types, a thin
+node that converts messages and runs the timer)::
+
+    ctrl = SafetyController(limits, kinematics, ControllerConfig(dt_s=0.01), model=runner)
+    out = ctrl.step(now_s, joint=JointSample(q, qdot, stamp_s), nominal=NominalSample(u, stamp_s),
+                    wrench=WrenchSample(force_sensor_n, stamp_s, "ft_sensor_link"),
+                    trust=TrustSample(level, phase, stamp_s))
+    send(out.u_safe_radps)
+
+Each period it: checks every input (a malformed one is a latched FAULT naming it, a stale or
+missing one a stop), computes their ages from the stamps, maps trust to limit scales (STOP/HUMAN
+latch), tares the F/T sensor at rest and turns its reading into a base-frame contact force,
+linearizes the world model about the nominal command, solves the CBF-QP
+(:class:`~robot_wm.core.safety.qp.SafetyFilter`) from the previous command, applies the latches of
+:class:`~robot_wm.core.safety.supervisor.SafetySupervisor`, watches the soft-row slack, and
+remembers the command it returns (the next period's acceleration box and controlled stop start
+from it). It never raises from ``step``: an unexpected exception is a controlled stop and a
+latched FAULT (traceback in the output once).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import traceback
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from robot_wm.core.safety.limits import Phase, SafetyLimits, TrustLevel
+from robot_wm.core.safety.qp import SafetyFilter
+from robot_wm.core.safety.supervisor import SafetySupervisor
+from robot_wm.core.safety.types import (
+    RUNNING_STATES,
+    SLACK_FAMILIES,
+    FaultKind,
+    FilterInput,
+    FilterOutput,
+    FilterState,
+    Latch,
+    LinearizedModel,
+    no_slack,
+)
+from robot_wm.core.safety.validate import Problem, as_scalar, as_vector, show
+from robot_wm.core.safety.wrench import ForceTare
+
+_MOVING_LEVELS = (TrustLevel.FULL, TrustLevel.CAUTIOUS, TrustLevel.SLOW)
+
+
+# ---------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class JointSample:
+    """A joint state: positions (rad) and velocities (rad/s) in joint order, and when it was measured.
+
+    ``error`` non-empty: the message could not be read (unknown joints, wrong lengths); the text
+    says why and the arrays are ignored.
+    """
+
+    q_rad: Any
+    qdot_radps: Any
+    stamp_s: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class NominalSample:
+    """The proposed command (rad/s, joint order) and when it was received."""
+
+    u_radps: Any
+    stamp_s: float
+
+
+@dataclass(frozen=True)
+class WrenchSample:
+    """The wrist F/T force reading (N) in the sensor's frame ``frame_id``, and when it was measured."""
+
+    force_n: Any
+    stamp_s: float
+    frame_id: str = ""
+
+
+@dataclass(frozen=True)
+class TrustSample:
+    """A TrustState: level (TrustLevel value), phase (Phase value), when, and the monitor's reason."""
+
+    level: Any
+    phase: Any
+    stamp_s: float
+    reason: str = ""
+
+
+class WorldModel(Protocol):
+    """What the controller needs of a world model (``WorldModelRunner``)."""
+
+    def linearize_with_std(self, q_rad, qdot_radps, u_radps) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    def commit(self, action_radps) -> None: ...
+
+
+# ---------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class ControllerConfig:
+    """How the controller treats its inputs (the node's read-only parameters).
+
+    Attributes:
+        dt_s: control period, s.
+        require_model: a missing or implausible world model is a FAULT (else: kinematic model).
+        latch_stale: stale inputs latch like malformed ones (else: stop while stale).
+        default_trust_level, default_phase: the trust level and phase before the first TrustState.
+            STOP by default: a graph with a trust monitor must not move before it speaks; a graph
+            without one sets the level it runs at explicitly.
+        trust_timeout_s: a TrustState older than this is stale (controlled stop).
+        force_sensor: True = the arm has a wrist F/T sensor: its wrench is required (missing or
+            stale is a fault) and tared at rest. False = no sensor: the contact-force limit is off
+            (the node warns at start).
+        ft_frame: the frame the wrench must be given in.
+        tare_window_s: readings at rest averaged into one tare.
+        tare_max_bias_n, tare_max_payload_kg: plausibility bounds of a tare (out of contact).
+        standstill_radps: the arm is at rest when every measured |qdot| is below this.
+        slack_tolerance: per soft family (tool_speed_mps, workspace_m, contact_force_mps), the
+            slack beyond which a soft constraint counts as not kept.
+        slack_time_s: a soft constraint not kept for longer than this is a latched FAULT.
+        auto_enable: release the start latch by itself once the inputs allow it (the embedded-arm
+            demo graph only; never on hardware).
+    """
+
+    dt_s: float
+    require_model: bool = True
+    latch_stale: bool = False
+    default_trust_level: int = TrustLevel.STOP
+    default_phase: int = Phase.REAL
+    trust_timeout_s: float = 1.0
+    force_sensor: bool = True
+    ft_frame: str = "ft_sensor_link"
+    tare_window_s: float = 0.3
+    tare_max_bias_n: float = 10.0
+    tare_max_payload_kg: float = 5.0
+    standstill_radps: float = 0.02
+    slack_tolerance: tuple[float, float, float] = (0.05, 0.005, 0.02)
+    slack_time_s: float = 0.1
+    auto_enable: bool = False
+
+    def __post_init__(self) -> None:
+        def positive(name: str, high: float = math.inf) -> None:
+            x = as_scalar(getattr(self, name))
+            if x is None or not 0.0 < x <= high:
+                raise ValueError(f"ControllerConfig.{name}={getattr(self, name)!r}: expected a number in (0, {high:g}]")
+
+        positive("dt_s", 1.0)
+        for name in ("trust_timeout_s", "tare_window_s", "tare_max_bias_n", "tare_max_payload_kg",
+                     "standstill_radps", "slack_time_s"):
+            positive(name)
+        for name, enum in (("default_trust_level", TrustLevel), ("default_phase", Phase)):
+            try:
+                object.__setattr__(self, name, enum(int(getattr(self, name))))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"ControllerConfig.{name}={getattr(self, name)!r}: expected one of "
+                                 f"{[f'{x.name}={x.value}' for x in enum]}") from exc
+        tol = as_vector(self.slack_tolerance, len(SLACK_FAMILIES))
+        if tol is None or np.any(tol < 0):
+            raise ValueError(f"ControllerConfig.slack_tolerance={self.slack_tolerance!r}: expected "
+                             f"{len(SLACK_FAMILIES)} values >= 0 for {SLACK_FAMILIES}")
+        object.__setattr__(self, "slack_tolerance", tuple(float(x) for x in tol))
+
+
+# ---------------------------------------------------------------------------- output
+@dataclass(frozen=True)
+class ControllerOutput(FilterOutput):
+    """The command to send (``u_safe_radps``), the period's status, and what the controller saw.
+
+    Attributes (beyond FilterOutput's):
+        latches: names of the latches holding the arm (``Latch`` values).
+        input_age_periods: age of the oldest control input (joint state, nominal, wrench).
+        trust_level, phase: what the limits were scaled for this period.
+        force_base_n: the contact force used (base frame, tared), or None.
+        traceback: the traceback of an unexpected exception, the first time it occurs ("" else).
+    """
+
+    latches: tuple[str, ...] = ()
+    input_age_periods: float = math.nan
+    trust_level: int = TrustLevel.STOP
+    phase: int = Phase.REAL
+    force_base_n: np.ndarray | None = None
+    traceback: str = ""
+
+
+# ---------------------------------------------------------------------------- controller
+class SafetyController:
+    """The safety filter's control period: inputs in, one command and status out.
+
+    Args:
+        limits: safety limits (config/safety.yaml).
+        kinematics: ``robot_wm.core.kinematics.Kinematics`` of the arm; its joint order is the
+            order of every array.
+        config: how inputs are treated (``ControllerConfig``).
+        model: the world model runner (``linearize_with_std`` + ``commit``), or None (kinematic
+            model; a FAULT every period with ``config.require_model``).
+        latches: latches carried over from an earlier controller (lifecycle cleanup/configure).
+    Raises:
+        SafetyLimitsError / ValueError: limits or config invalid, or inconsistent with the URDF.
+    """
+
+    def __init__(self, limits: SafetyLimits, kinematics: Any, config: ControllerConfig, model: WorldModel | None = None,
+                 *, latches: dict[Latch, str] | None = None) -> None:
+        self.config = config
+        self.kinematics = kinematics
+        self.model = model
+        self.filter = SafetyFilter(limits, kinematics, config.dt_s, require_model=config.require_model)
+        self.n = self.filter.n
+        self.supervisor = SafetySupervisor(latch_stale=config.latch_stale, latches=latches)
+        self.tare = ForceTare(max(1, round(config.tare_window_s / config.dt_s)), config.tare_max_bias_n,
+                              config.tare_max_payload_kg)
+        self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
+        self.last_output: ControllerOutput | None = None
+        self._last_step_s: float | None = None
+        self._slack_periods = 0
+        self._auto_enable_pending = bool(config.auto_enable)
+        self._tracebacks_seen: set[tuple[str, str]] = set()
+        self._ft_frame_known = self.kinematics.model.existFrame(config.ft_frame)
+
+    # ------------------------------------------------------------------ status
+    @property
+    def limits(self) -> SafetyLimits:
+        """The limits in force."""
+        return self.filter.limits
+
+    @property
+    def state(self) -> FilterState:
+        """State reported by the latest step (ESTOP while latched before the first)."""
+        if self.last_output is None:
+            return FilterState.ESTOP if self.supervisor.latched else FilterState.STOPPED
+        return self.last_output.state
+
+    def summary(self) -> dict[str, str]:
+        """Key/value status for diagnostics (DiagnosticStatus.values)."""
+        sup, last = self.supervisor, self.last_output
+        out = {
+            "state": self.state.name,
+            "latches": sup.latch_text(),
+            "fault_now": sup.fault_now.reason if sup.fault_now else "",
+            "periods": str(sup.periods),
+            "stop_events": str(sup.stop_events),
+            "ft_tare": ("off (no F/T sensor)" if not self.config.force_sensor else
+                        f"{self.tare.tare.payload_kg:.2f} kg payload, bias {np.round(self.tare.tare.bias_sensor_n, 2).tolist()} N"
+                        if self.tare.ready else "not tared yet") + (f" ({self.tare.last_refusal})" if self.tare.last_refusal else ""),
+        }
+        if last is not None:
+            out.update({
+                "reason": last.reason,
+                "trust": f"{TrustLevel(last.trust_level).name}/{Phase(last.phase).name}",
+                "active_constraints": ",".join(last.active_constraints),
+                "intervention_norm_radps": f"{last.intervention_norm:.4g}",
+                "solver_status": last.solver_status_text,
+                "solver_iterations": str(last.iterations),
+                "solve_time_us": f"{last.solve_time_s * 1e6:.1f}",
+                "max_slack": f"{last.max_slack:.3g}",
+                "input_age_periods": f"{last.input_age_periods:.2f}",
+            })
+        for name, count in sorted(sup.constraint_counts.items()):
+            out[f"active_periods:{name}"] = str(count)
+        for name, count in sorted(sup.state_counts.items()):
+            out[f"state_periods:{name}"] = str(count)
+        return out
+
+    # ------------------------------------------------------------------ operator
+    def request_estop(self, reason: str = "") -> tuple[bool, str]:
+        """Latch the e-stop: the command is zero from now on (the caller sends a zero at once).
+
+        Returns:
+            (True, message); a repeated request keeps the first reason.
+        """
+        text = str(reason).strip() or "e-stop requested (no reason given)"
+        already = Latch.ESTOP in self.supervisor.latches
+        self.supervisor.latch(Latch.ESTOP, text)
+        self.last_command = np.zeros(self.n)
+        if already:
+            return True, f"e-stop already latched ({self.supervisor.latches[Latch.ESTOP]}); still latched"
+        return True, f"e-stop latched: {text}"
+
+    def reset(self) -> tuple[bool, str]:
+        """An operator's reset: release every latch if this period's inputs allow it."""
+        ok, message = self.supervisor.reset()
+        if ok:
+            self.filter.reset()
+            self._slack_periods = 0
+            self._auto_enable_pending = False  # from now on only an operator enables
+        return ok, message
+
+    def hold(self, reason: str) -> None:
+        """Latch the start latch (lifecycle deactivate: the caller sends a zero command)."""
+        self.supervisor.latch(Latch.START, f"{reason}: waiting for operator enable (call /robot_wm/reset_estop)")
+        self.last_command = np.zeros(self.n)
+
+    def parameter_fault(self, reason: str) -> None:
+        """Latch a FAULT for a malformed or out-of-range parameter value (the change was refused)."""
+        self.supervisor.latch(Latch.FAULT, f"{FaultKind.PARAMETER.text}: {reason}")
+
+    def set_limits(self, limits: SafetyLimits) -> bool:
+        """Apply new limits in place (latches, previous command, tare and timing are kept).
+
+        Returns:
+            False when ``limits`` equal the ones in force (nothing changes), True when applied.
+        Raises:
+            SafetyLimitsError / ValueError: the limits cannot be used with this arm (nothing changes).
+        """
+        if limits == self.filter.limits:
+            return False
+        self.filter = SafetyFilter(limits, self.kinematics, self.config.dt_s, require_model=self.config.require_model)
+        return True
+
+    # ------------------------------------------------------------------ the period
+    def step(self, now_s: float, *, joint: JointSample | None, nominal: NominalSample | None,
+             wrench: WrenchSample | None = None, trust: TrustSample | None = None) -> ControllerOutput:
+        """Run one control period; the returned ``u_safe_radps`` is the command to send.
+
+        Args:
+            now_s: the time of this period on the same clock as the samples' stamps, s.
+            joint, nominal, wrench, trust: the latest sample of each input, or None if none was
+                ever received.
+        Returns:
+            The command and the period's status. Never raises.
+        """
+        try:
+            out = self._step(float(now_s), joint, nominal, wrench, trust)
+        except Exception as exc:  # noqa: BLE001 (the last gate must answer every period)
+            out = self._internal_fault(exc)
+        self._finish(out)
+        return out
+
+    def internal_fault(self, exc: BaseException) -> ControllerOutput:
+        """A period that failed outside ``step`` (e.g. in the node's message conversion)."""
+        out = self._internal_fault(exc)
+        self._finish(out)
+        return out
+
+    def _finish(self, out: ControllerOutput) -> None:
+        self.last_command = np.array(out.u_safe_radps, dtype=float)
+        self.last_output = out
+        if self.model is not None:
+            try:  # the world model conditions on the commands actually sent
+                self.model.commit(self.last_command)
+            except Exception as exc:  # noqa: BLE001 (a broken model latches; the command stands)
+                self.supervisor.record_problem(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: commit failed: "
+                                                                        f"{type(exc).__name__}: {exc}"))
+        self.supervisor.count(out.state, out.active_constraints)
+        if self._auto_enable_pending and set(self.supervisor.latches) == {Latch.START}:
+            if self.reset()[0]:
+                self._auto_enable_pending = False
+
+    def _internal_fault(self, exc: BaseException) -> ControllerOutput:
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        key = (type(exc).__name__, f"{where.filename}:{where.lineno}" if where else "")
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        first = key not in self._tracebacks_seen
+        self._tracebacks_seen.add(key)
+        reason = f"{FaultKind.INTERNAL.text}: {type(exc).__name__}: {exc}"
+        try:
+            self.supervisor.record_problem(Problem(FaultKind.INTERNAL, reason))
+            u = self.filter.controlled_stop(self.last_command)
+        except Exception:  # noqa: BLE001 (a second failure: the one command that needs nothing)
+            u = np.zeros(self.n)
+        return ControllerOutput(u_safe_radps=u, state=FilterState.FAULT, reason=reason, fault_kind=FaultKind.INTERNAL,
+                                intervention_norm=math.nan, latches=self.supervisor.latch_names(),
+                                traceback=text if first else "")
+
+    def _step(self, now: float, joint, nominal, wrench, trust) -> ControllerOutput:
+        cfg, dt, n, sup = self.config, self.config.dt_s, self.n, self.supervisor
+        elapsed = None if self._last_step_s is None else max(now - self._last_step_s, 0.0)
+        self._last_step_s = now
+        problems: list[Problem] = []
+
+        # joint state
+        q = qd = None
+        ages = []
+        if joint is None:
+            problems.append(Problem(FaultKind.MISSING, "no joint state received yet (/joint_states)"))
+        elif joint.error:
+            problems.append(Problem(FaultKind.JOINT_STATE, f"{FaultKind.JOINT_STATE.text}: {joint.error}"))
+        else:
+            q, qd = as_vector(joint.q_rad, n), as_vector(joint.qdot_radps, n)
+            if q is None or qd is None:
+                problems.append(Problem(FaultKind.JOINT_STATE, f"{FaultKind.JOINT_STATE.text}: q = {show(joint.q_rad)}, "
+                                        f"qdot = {show(joint.qdot_radps)}: expected {n} finite values each"))
+                q = qd = None
+            else:
+                ages.append(("joint state", (now - joint.stamp_s) / dt))
+
+        # nominal command
+        u_nom = None
+        if nominal is not None:
+            u_nom = as_vector(nominal.u_radps, n)
+            if u_nom is None:
+                problems.append(Problem(FaultKind.NOMINAL, f"{FaultKind.NOMINAL.text}: u_nominal_radps = "
+                                        f"{show(nominal.u_radps)}: expected {n} finite values"))
+            else:
+                ages.append(("nominal command", (now - nominal.stamp_s) / dt))
+
+        # trust
+        level, phase, trust_problem = self._trust(now, trust)
+        if trust_problem is not None:
+            problems.append(trust_problem)
+
+        # wrench -> contact force in the base frame (tared at rest while latched)
+        force = None
+        if cfg.force_sensor:
+            force, wrench_problem, wrench_age = self._force(now, wrench, q, qd)
+            if wrench_problem is not None:
+                problems.append(wrench_problem)
+            if wrench_age is not None:
+                ages.append(("wrench", wrench_age))
+
+        age_name, age = max(ages, key=lambda a: a[1]) if ages else ("", 0.0)
+        if age > self.limits.stale_limit_periods:
+            problems.append(Problem(FaultKind.STALE, f"stale input: {age_name} {age:.3g} periods old > "
+                                    f"stale_limit_periods {self.limits.stale_limit_periods}"))
+        if age < 0:  # a stamp from the future (another clock): count it as fresh, not as a fault
+            age = 0.0
+        problem = next((p for p in problems if p.kind.latches), problems[0] if problems else None)
+        sup.record_problem(problem)
+        extra = dict(latches=(), input_age_periods=age, trust_level=level, phase=phase, force_base_n=force)
+
+        if sup.latched:
+            return self._latched_output(elapsed, qd, u_nom, extra)
+        if problem is not None:
+            return self._stop_output(FilterState.FAULT, problem.reason, problem.kind, elapsed, qd, u_nom, extra)
+        if u_nom is None:
+            return self._stop_output(FilterState.STOPPING, "waiting for the nominal command", None, elapsed, qd, None,
+                                     extra)
+
+        # the world model's linearization about the nominal command
+        model = None
+        if self.model is not None:
+            try:
+                model = LinearizedModel(*self.model.linearize_with_std(q, qd, u_nom))
+            except Exception as exc:  # noqa: BLE001 (onnxruntime raises its own types)
+                p = Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: {type(exc).__name__}: {exc}")
+                sup.record_problem(p)
+                return self._stop_output(FilterState.FAULT, p.reason, p.kind, elapsed, qd, u_nom, extra)
+        s = self.limits.scale_for(level, phase)
+        out = self.filter.filter(FilterInput(
+            q_rad=q, qdot_radps=qd, u_nominal_radps=u_nom, u_prev_radps=self.last_command, model=model,
+            force_n=force, trust_scale=s.speed, accel_scale=s.acceleration, input_age_periods=age, elapsed_s=elapsed))
+        if out.fault_kind is not None:
+            sup.record_problem(Problem(out.fault_kind, out.reason))
+            if sup.latched:
+                out = dataclasses.replace(out, reason=f"{out.reason} (latched: reset to resume)")
+        elif out.state == FilterState.STOPPING and self._at_standstill(out.u_safe_radps, qd):
+            out = dataclasses.replace(out, state=FilterState.STOPPED)
+        if out.state in RUNNING_STATES:
+            out = self._watch_slack(out, elapsed, qd, u_nom, extra)
+        else:
+            self._slack_periods = 0
+        return ControllerOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(FilterOutput)},
+                                **dict(extra, latches=sup.latch_names()))
+
+    # ------------------------------------------------------------------ pieces of the period
+    def _trust(self, now: float, trust: TrustSample | None):
+        """(level, phase, problem) for this period; STOP/HUMAN latch; sets whether trust blocks a reset."""
+        cfg, sup = self.config, self.supervisor
+        if trust is None:
+            level, phase = cfg.default_trust_level, cfg.default_phase
+            problem = None
+            source = "the default trust level (no TrustState received yet)"
+        else:
+            try:
+                level, phase = TrustLevel(int(trust.level)), Phase(int(trust.phase))
+            except (TypeError, ValueError, OverflowError):
+                sup.trust_blocks_reset = "trust state malformed"
+                return TrustLevel.STOP, Phase.REAL, Problem(
+                    FaultKind.TRUST, f"{FaultKind.TRUST.text}: level={trust.level!r}, phase={trust.phase!r}: expected "
+                    f"level in {[f'{x.name}={x.value}' for x in TrustLevel]} and phase in "
+                    f"{[f'{x.name}={x.value}' for x in Phase]}")
+            age_s = now - trust.stamp_s
+            problem = None
+            if age_s > cfg.trust_timeout_s:
+                problem = Problem(FaultKind.STALE, f"stale input: trust state {age_s:.3g} s old > trust_timeout_s "
+                                  f"{cfg.trust_timeout_s:g}")
+            source = f"TrustState{': ' + trust.reason if trust.reason else ''}"
+        if level not in _MOVING_LEVELS:
+            sup.latch(Latch.TRUST, f"trust level {level.name} ({source})")
+            sup.trust_blocks_reset = f"trust level is {level.name}: a moving level (FULL, CAUTIOUS, SLOW) must come first"
+        elif problem is not None:
+            sup.trust_blocks_reset = f"trust state stale ({problem.reason})"
+        else:
+            sup.trust_blocks_reset = ""
+        return level, phase, problem
+
+    def _force(self, now: float, wrench: WrenchSample | None, q, qd):
+        """(contact force in the base frame or None, problem or None, wrench age in periods or None)."""
+        cfg = self.config
+        if wrench is None:
+            return None, Problem(FaultKind.MISSING, "no wrench received yet (force_sensor is true: the F/T sensor "
+                                                     "is required)"), None
+        force_s = as_vector(wrench.force_n, 3)
+        if force_s is None:
+            return None, Problem(FaultKind.WRENCH, f"{FaultKind.WRENCH.text}: force = {show(wrench.force_n)}: "
+                                                   "expected 3 finite values (N)"), None
+        if wrench.frame_id != cfg.ft_frame:
+            return None, Problem(FaultKind.WRENCH, f"{FaultKind.WRENCH.text}: frame_id {wrench.frame_id!r}: expected "
+                                                   f"{cfg.ft_frame!r} (ft_frame)"), None
+        age = (now - wrench.stamp_s) / cfg.dt_s
+        if q is None or not self._ft_frame_known:
+            if not self._ft_frame_known:
+                return None, Problem(FaultKind.WRENCH, f"ft_frame {cfg.ft_frame!r} is not a frame of the URDF"), age
+            return None, None, age  # the joint state's own problem stops this period
+        rot = self.kinematics.frame_pose(q, cfg.ft_frame).rotation
+        fresh = age <= self.limits.stale_limit_periods
+        at_rest = (fresh and self.supervisor.latched and not np.any(self.last_command)
+                   and bool(np.all(np.abs(qd) < cfg.standstill_radps)))
+        self.tare.observe(force_s, rot, at_rest)
+        if not self.tare.ready:
+            why = self.tare.last_refusal or f"the arm must rest {cfg.tare_window_s:g} s out of contact while latched"
+            return None, Problem(FaultKind.MISSING, f"F/T sensor not tared yet: {why}"), age
+        return self.tare.tare.contact_force_base(force_s, rot), None, age
+
+    def _at_standstill(self, u: np.ndarray, qd) -> bool:
+        return (not np.any(u)) and qd is not None and bool(np.all(np.abs(qd) < self.config.standstill_radps))
+
+    def _latched_output(self, elapsed, qd, u_nom, extra) -> ControllerOutput:
+        sup = self.supervisor
+        if sup.holds_zero:
+            u, state = np.zeros(self.n), FilterState.ESTOP
+        else:
+            u = self.filter.controlled_stop(self.last_command, elapsed)
+            state = FilterState.STOPPED if self._at_standstill(u, qd) else FilterState.STOPPING
+        reason = sup.latch_text()
+        kind = None
+        if sup.fault_now is not None:
+            kind = sup.fault_now.kind
+            reason += f"; input: {sup.fault_now.reason}"
+            if state != FilterState.ESTOP:
+                state = FilterState.FAULT
+        elif Latch.FAULT in sup.latches or Latch.TRUST in sup.latches:
+            reason += "; inputs healthy: reset to resume" if not sup.trust_blocks_reset else f"; {sup.trust_blocks_reset}"
+        return ControllerOutput(u_safe_radps=u, state=state, reason=reason, fault_kind=kind,
+                                intervention_norm=_norm(u, u_nom), **dict(extra, latches=sup.latch_names()))
+
+    def _stop_output(self, state, reason, kind, elapsed, qd, u_nom, extra) -> ControllerOutput:
+        u = self.filter.controlled_stop(self.last_command, elapsed)
+        if state == FilterState.STOPPING and self._at_standstill(u, qd):
+            state = FilterState.STOPPED
+        if self.supervisor.latched:  # this period's fault latched
+            reason = f"{reason} (latched: reset to resume)"
+        self._slack_periods = 0
+        return ControllerOutput(u_safe_radps=u, state=state, reason=reason, fault_kind=kind,
+                                intervention_norm=_norm(u, u_nom), **dict(extra, latches=self.supervisor.latch_names()))
+
+    def _watch_slack(self, out: FilterOutput, elapsed, qd, u_nom, extra) -> FilterOutput:
+        """A soft constraint exceeded beyond its tolerance for longer than slack_time_s: latched FAULT."""
+        over = [f"{fam} {out.slack.get(fam, 0.0):.3g} > {tol:g}"
+                for fam, tol in zip(SLACK_FAMILIES, self.config.slack_tolerance) if out.slack.get(fam, 0.0) > tol]
+        self._slack_periods = self._slack_periods + 1 if over else 0
+        if self._slack_periods * self.config.dt_s <= self.config.slack_time_s:
+            return out
+        p = Problem(FaultKind.SLACK, f"{FaultKind.SLACK.text} for {self._slack_periods} periods "
+                                     f"(> slack_time_s {self.config.slack_time_s:g}): {', '.join(over)}")
+        self.supervisor.record_problem(p)
+        stop = self._stop_output(FilterState.FAULT, p.reason, p.kind, elapsed, qd, u_nom, extra)
+        return dataclasses.replace(stop, slack=out.slack, max_slack=out.max_slack)
+
+
+def _norm(u: np.ndarray, u_nom) -> float:
+    return float(np.linalg.norm(u - u_nom)) if u_nom is not None else math.nan
+
+
+__all__ = [
+    "ControllerConfig", "ControllerOutput", "JointSample", "NominalSample", "SafetyController", "TrustSample",
+    "WrenchSample", "no_slack",
+]

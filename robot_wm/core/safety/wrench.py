@@ -1,0 +1,107 @@
+"""The wrist force/torque sensor: tare (bias and payload weight) and the contact force in the base frame.
+
+A wrist F/T sensor reads, in its own frame,
+
+    F_s = b_s + R_bsᵀ w_b + R_bsᵀ F_contact,     w_b = (0, 0, −m g)
+
+with a constant sensor bias ``b_s`` (a property of the sensor: stored in the SENSOR frame), the
+weight of whatever hangs below it (payload mass ``m``; a constant vector in the BASE frame) and the
+contact force the safety filter wants. The tare estimates ``b_s`` and ``m`` from readings taken
+**at rest** (measured joint speeds below the standstill threshold, zero command) and **out of
+contact**. From one pose the split is: the reading's component along gravity is the payload's
+weight, the rest is bias. Out of contact is checked by plausibility: a tare is refused when the
+implied payload mass is negative or above ``max_payload_kg`` (a push from below or above), or the
+implied bias exceeds ``max_bias_n`` (a sideways contact). The filter takes tares only while a
+latch holds the arm (at start-up, after an e-stop or fault) — the operator's reset is the
+statement that the arm is free — and never while it moves under the policy.
+
+Known limit: a payload picked up or dropped while running reads as a contact force (the F/T
+sensor cannot tell them apart); re-tare by an e-stop and reset at rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GRAVITY_MPS2 = 9.81
+_EZ = np.array([0.0, 0.0, 1.0])
+
+
+@dataclass(frozen=True)
+class Tare:
+    """One accepted tare: sensor bias (sensor frame, N) and payload mass (kg)."""
+
+    bias_sensor_n: np.ndarray
+    payload_kg: float
+
+    def contact_force_base(self, force_sensor_n: np.ndarray, rot_base_sensor: np.ndarray) -> np.ndarray:
+        """The contact force on the tool in the base frame (N): bias and payload weight removed."""
+        return rot_base_sensor @ (force_sensor_n - self.bias_sensor_n) + self.payload_kg * GRAVITY_MPS2 * _EZ
+
+
+def estimate_tare(force_sensor_n: np.ndarray, rot_base_sensor: np.ndarray) -> Tare:
+    """Split one at-rest reading into payload weight (along gravity) and sensor bias (the rest)."""
+    c = -(rot_base_sensor.T @ _EZ)  # unit direction of gravity in the sensor frame
+    along = float(force_sensor_n @ c)
+    return Tare(bias_sensor_n=force_sensor_n - along * c, payload_kg=along / GRAVITY_MPS2)
+
+
+class ForceTare:
+    """Collects at-rest readings into tares and keeps the latest plausible one.
+
+    Args:
+        window_periods: readings averaged into one tare (e.g. 0.3 s of control periods).
+        max_bias_n: largest plausible sensor bias (N); a larger one means a sideways contact.
+        max_payload_kg: largest plausible payload; a heavier one means a push from above.
+        mass_tolerance_kg: how far below zero the implied payload may be (noise); more means a push
+            from below (e.g. resting on the table).
+    """
+
+    def __init__(self, window_periods: int, max_bias_n: float = 10.0, max_payload_kg: float = 5.0,
+                 mass_tolerance_kg: float = 0.3) -> None:
+        if window_periods < 1:
+            raise ValueError(f"window_periods={window_periods!r}: expected >= 1")
+        self.window_periods = int(window_periods)
+        self.max_bias_n = float(max_bias_n)
+        self.max_payload_kg = float(max_payload_kg)
+        self.mass_tolerance_kg = float(mass_tolerance_kg)
+        self.tare: Tare | None = None
+        self.last_refusal = ""
+        self.tares_taken = 0
+        self._sum = np.zeros(3)
+        self._count = 0
+        self._rot = np.eye(3)
+
+    @property
+    def ready(self) -> bool:
+        """True once a plausible tare exists."""
+        return self.tare is not None
+
+    def observe(self, force_sensor_n: np.ndarray, rot_base_sensor: np.ndarray, at_rest: bool) -> None:
+        """Add one reading; ``at_rest`` False (moving, commanded, stale) restarts the window."""
+        if not at_rest:
+            self._sum[:] = 0.0
+            self._count = 0
+            return
+        self._sum += force_sensor_n
+        self._count += 1
+        self._rot = rot_base_sensor
+        if self._count >= self.window_periods:
+            self._take(self._sum / self._count, self._rot.copy())
+            self._sum[:] = 0.0
+            self._count = 0
+
+    def _take(self, mean_force_n: np.ndarray, rot: np.ndarray) -> None:
+        cand = estimate_tare(mean_force_n, rot)
+        bias = float(np.linalg.norm(cand.bias_sensor_n))
+        if cand.payload_kg < -self.mass_tolerance_kg or cand.payload_kg > self.max_payload_kg:
+            self.last_refusal = (f"tare refused: the reading at rest implies a payload of {cand.payload_kg:.2f} kg "
+                                 f"(expected 0..{self.max_payload_kg:g} kg): contact from below or above?")
+        elif bias > self.max_bias_n:
+            self.last_refusal = (f"tare refused: the reading at rest implies a sensor bias of {bias:.1f} N "
+                                 f"(at most {self.max_bias_n:g} N): a sideways contact?")
+        else:
+            self.tare = cand
+            self.tares_taken += 1
+            self.last_refusal = ""
