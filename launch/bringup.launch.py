@@ -1,7 +1,11 @@
 """Bring up robot_wm on a ROS 2 install.
 
     ros2 launch robot_wm bringup.launch.py hardware:=mock|gazebo|mujoco|topic_based|<plugin> \
-        [hardware_params:="ip=10.0.0.2;port=50002"] [profile:=nominal|real_twin|<file.yaml>]
+        [hardware_params:="ip=10.0.0.2;port=50002"] [profile:=nominal|real_twin|<file.yaml>] [enable:=true]
+
+The safety filter starts latched (zero command) until an operator enables it (`robot-wm reset`, or
+`ros2 service call /robot_wm/reset_estop std_srvs/srv/Trigger`); ``enable:=true`` lets it enable
+itself, on the embedded arm (hardware:=mujoco) only.
 
 The process list comes from robot_wm.graph.plan() (config/graph.yaml), the same definition
 `robot-wm up` uses, so the two cannot drift. DDS is kept on loopback unless ROBOT_WM_DDS=system.
@@ -33,9 +37,11 @@ def _nodes(context):
     hardware_params = LaunchConfiguration("hardware_params").perform(context)
     profile = LaunchConfiguration("profile").perform(context)
     composed = LaunchConfiguration("composed").perform(context).lower() in ("true", "1", "yes")
+    enable = LaunchConfiguration("enable").perform(context).lower() in ("true", "1", "yes")
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else None
-    for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed):
+    for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
+                           enable=enable):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
         if spec.composes and inline:
@@ -71,5 +77,8 @@ def generate_launch_description():
                               description="embedded arm dynamics profile (hardware:=mujoco only)"),
         DeclareLaunchArgument("composed", default_value="false",
                               description="run policy, world model and safety filter in one process"),
+        DeclareLaunchArgument("enable", default_value="false",
+                              description="the safety filter enables itself (hardware:=mujoco only; "
+                                          "otherwise an operator calls /robot_wm/reset_estop)"),
         OpaqueFunction(function=_nodes),
     ])

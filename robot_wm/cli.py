@@ -53,7 +53,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
               f"  ros2 launch robot_wm bringup.launch.py hardware:={args.hardware}\n"
               f"without a ROS install, use the embedded arm: robot-wm up --hardware {EMBEDDED}", file=sys.stderr)
         return 2
-    specs = plan(args.hardware, overrides={"profile": args.profile}, composed=args.composed)
+    specs = plan(args.hardware, overrides={"profile": args.profile}, composed=args.composed, enable=args.enable)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -64,6 +64,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     for child in group.children:
         print(f"up: {child.spec.name} running (pid {child.process.pid})")
     print("up: graph running on the embedded arm; Ctrl-C to stop", flush=True)
+    if not args.enable:
+        print("up: the safety filter starts latched (zero command) until an operator enables it: robot-wm reset",
+              flush=True)
     code = 0
     while not stop.is_set():
         failed = group.failed()
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="mujoco", help="mujoco (default); other hardware needs `ros2 launch` on a ROS install")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process (lowest latency)")
+    p.add_argument("--enable", action="store_true",
+                   help="let the safety filter enable itself once its inputs are healthy (embedded arm only; "
+                        "without it the filter waits for `robot-wm reset`)")
     p.set_defaults(func=_cmd_up)
 
     p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")

@@ -69,7 +69,7 @@ class _Monitor:
 
         self.lock = threading.Lock()
         self.js: list[tuple[float, np.ndarray, np.ndarray]] = []
-        self.status: list[tuple[float, int, str, float, float, tuple[str, ...]]] = []
+        self.status: list[tuple[float, int, str, float, float, tuple[str, ...], tuple[str, ...]]] = []
         self.pred_err: list[tuple[float, float]] = []
         self.events: list[tuple[float, str]] = []
         self.goal: np.ndarray | None = None
@@ -93,7 +93,7 @@ class _Monitor:
         def on_status(msg):
             with self.lock:
                 self.status.append((time.monotonic(), msg.state, msg.state_text, msg.intervention_norm, msg.solve_time_s,
-                                    tuple(msg.active_constraints)))
+                                    tuple(msg.active_constraints), tuple(msg.latches)))
 
         def on_pred(msg):
             with self.lock:
@@ -169,11 +169,19 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
     try:
         group.start()
         spinner.start()
+        # the safety filter starts latched ("waiting for operator enable"): the operator enables it once
+        # its inputs are healthy (a reset is refused until then, e.g. while the F/T sensor is not tared)
         deadline = time.monotonic() + 60.0
+        enabled = None
         while not (mon.status and mon.status[-1][2] in ("OK", "FILTERING")):
             if stop.is_set() or group.failed() or time.monotonic() > deadline:
-                print("the stack did not come up (see the node logs above)", file=sys.stderr)
+                print("the stack did not come up (see the node logs above)"
+                      + (f"; last enable attempt: {enabled.message}" if enabled else ""), file=sys.stderr)
                 return 1
+            if mon.status and "start" in mon.status[-1][6] and (enabled is None or not enabled.success):
+                enabled = _call(node, Trigger, "/robot_wm/reset_estop", Trigger.Request())
+                if enabled.success:
+                    mon.event(f"operator: enable ({enabled.message})")
             time.sleep(0.1)
         t0 = time.monotonic()
         pushed = estopped = reset_done = False
@@ -259,7 +267,7 @@ def _tool_speeds(mon: _Monitor, kin) -> tuple[np.ndarray, np.ndarray]:
 def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) -> DemoSummary:
     with mon.lock:
         js = list(mon.js)
-        status = list(mon.status)
+        status = [s for s in mon.status if s[0] >= t0]  # from the operator's enable on
         events = [(t - t0, e) for t, e in mon.events]
     q = np.array([x[1] for x in js])
     over = np.maximum(q - np.asarray(limits.upper_rad), np.asarray(limits.lower_rad) - q)

@@ -71,7 +71,8 @@ def _points(kin, q, frames):
 
 @pytest.mark.parametrize("profile", ["nominal", "real_twin"])
 def test_hostile_nominal_commands_never_break_a_limit(spawn, ros_context, profile):
-    specs = {s.name: s for s in graph.plan("mujoco", overrides={"profile": profile}) if not s.needs_ros_install}
+    specs = {s.name: s for s in graph.plan("mujoco", overrides={"profile": profile}, enable=True)
+             if not s.needs_ros_install}
     arm = spawn(command_for(specs["arm_sim"]))
     filt = spawn(command_for(specs["safety_filter"]))
     from robot_wm.msg import SafetyStatus

@@ -53,7 +53,8 @@ def _children_of(pid: int) -> list[int]:
     return kids
 
 
-SPECS = {s.name: s for s in graph.plan("mujoco") + graph.plan("mujoco", composed=True) if not s.needs_ros_install}
+SPECS = {s.name: s for s in graph.plan("mujoco", enable=True) + graph.plan("mujoco", composed=True, enable=True)
+         if not s.needs_ros_install}
 ARM = SPECS["arm_sim"]
 PROGRAMS = {
     "arm_sim node": (command_for(ARM), "embedded arm up"),

@@ -1,0 +1,249 @@
+"""The safety filter's latches end to end, in separate processes on the embedded arm (issue #7 items
+1, 2 and 9): a parameter set, a malformed TrustState or WrenchStamped, a SIGKILL and restart, and
+lifecycle transitions never release a latch or end the filter's process; only a reset does.
+
+Time is judged by stamps: a command "after" an event is one whose DDS source timestamp (the
+filter's publish time) is later than the event, a status one whose header stamp is.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+from geometry_msgs.msg import WrenchStamped
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from std_srvs.srv import Trigger
+
+from robot_wm import graph
+from robot_wm.process_group import command_for
+
+from conftest import wait_for
+from rosclient import ArmClient
+from test_control_stack_ros import NominalSource
+
+pytestmark = pytest.mark.ros
+ENABLED = {s.name: s for s in graph.plan("mujoco", enable=True) if not s.needs_ros_install}
+LATCHED = {s.name: s for s in graph.plan("mujoco") if not s.needs_ros_install}  # as on hardware: no self-enable
+MOVE = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def _moving(client, tol=0.05):
+    latest = client.latest()
+    return latest is not None and np.abs(latest[2]).max() > tol
+
+
+def _at_rest(client, tol=0.01):
+    latest = client.latest()
+    return latest is not None and np.abs(latest[2]).max() < tol
+
+
+def _stamp(msg) -> float:
+    return msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+
+
+def _statuses_after(client, t_wall: float):
+    return [s for s in list(client.statuses) if _stamp(s) > t_wall]
+
+
+@pytest.fixture
+def stack(spawn, ros_context):
+    """arm_sim + a self-enabling safety_filter (shipped world model) as processes; nominal from the test."""
+    arm = spawn(command_for(ENABLED["arm_sim"]))
+    filt = spawn(command_for(ENABLED["safety_filter"]))
+    client = ArmClient(ros_context, start=False)
+    source = NominalSource(client)
+    client.start()
+    try:
+        assert client.wait_for_state(60.0), arm.output()
+        assert wait_for(lambda: client.statuses and client.statuses[-1].state_text in ("OK", "FILTERING"), 60.0), \
+            filt.output()[-3000:]
+        yield arm, filt, client, source
+    finally:
+        source.close()
+        client.close()
+
+
+def _set_param(client, name: str, value: float):
+    request = SetParameters.Request(parameters=[Parameter(
+        name=name, value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=float(value)))])
+    return client.call(SetParameters, "/safety_filter/set_parameters", request).results[0]
+
+
+def _reset(client):
+    return client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
+
+
+def _latched_fault(client, kind: str):
+    return bool(client.statuses) and client.statuses[-1].fault_kind == kind and "fault" in client.statuses[-1].latches
+
+
+def test_a_parameter_set_never_releases_a_latched_fault(stack):
+    """Item 1, reproduced on the running filter: one NaN nominal latches a FAULT; setting
+    safety.tool_speed_max_mps to its current value (and then tighter) is accepted and applied in
+    place, and the filter stays latched with the arm at rest until an operator resets it."""
+    _, filt, client, source = stack
+    source.value = MOVE
+    assert wait_for(lambda: _moving(client), 5.0)
+    source.value = [float("nan")] * 6
+    assert wait_for(lambda: _latched_fault(client, "nominal"), 3.0), client.statuses[-1:]
+    source.value = MOVE  # healthy again: only the latch holds the arm now
+    assert wait_for(lambda: client.statuses[-1].fault_kind == "", 3.0)
+    t_set = time.time()
+    same = _set_param(client, "safety.tool_speed_max_mps", 0.5)
+    tighter = _set_param(client, "safety.tool_speed_max_mps", 0.45)
+    looser = _set_param(client, "safety.tool_speed_max_mps", 0.6)
+    assert same.successful and tighter.successful, (same.reason, tighter.reason)
+    assert not looser.successful and "loosens safety" in looser.reason
+    assert wait_for(lambda: len(_statuses_after(client, t_set)) >= 100, 10.0)  # one second of periods
+    after = _statuses_after(client, t_set)
+    assert all("fault" in s.latches and s.state_text not in ("OK", "FILTERING") for s in after), \
+        [(s.state_text, list(s.latches)) for s in after if "fault" not in s.latches][:3]
+    assert all(np.all(u == 0.0) for _, u in source.published_since(t_set + 0.5))
+    assert _at_rest(client) and filt.process.poll() is None
+    resp = _reset(client)
+    assert resp.success and "fault" in resp.message, resp.message
+    assert wait_for(lambda: _moving(client), 3.0)
+
+
+def test_a_malformed_parameter_value_is_refused_and_latches_a_fault(stack):
+    _, filt, client, source = stack
+    source.value = MOVE
+    assert wait_for(lambda: _moving(client), 5.0)
+    result = _set_param(client, "safety.tool_speed_max_mps", -1.0)
+    assert not result.successful and "tool_speed_max_mps" in result.reason
+    assert wait_for(lambda: client.statuses and "fault" in client.statuses[-1].latches
+                    and "bad parameter" in client.statuses[-1].fault_reason, 3.0), client.statuses[-1:]
+    assert wait_for(lambda: _at_rest(client), 2.0) and filt.process.poll() is None
+
+
+def test_malformed_trust_and_wrench_messages_latch_a_fault_and_the_filter_lives(stack):
+    """Item 2, reproduced: a TrustState with level 99 used to raise inside the period and end the
+    process (and `robot-wm up` with it). Now: FAULT naming the trust input, arm stopped, process
+    alive, reset refused until a well-formed TrustState arrives. Same for a NaN wrench."""
+    from robot_wm.msg import TrustState
+
+    _, filt, client, source = stack
+    trust_pub = client.node.create_publisher(TrustState, "/robot_wm/trust", 10)
+    wrench_pub = client.node.create_publisher(WrenchStamped, "/robot_wm/wrench", 10)
+    source.value = MOVE
+    assert wait_for(lambda: _moving(client), 5.0)
+    trust_pub.publish(TrustState(level=99, phase=0))
+    assert wait_for(lambda: _latched_fault(client, "trust"), 3.0), client.statuses[-1:]
+    assert "level=99" in client.statuses[-1].fault_reason
+    assert wait_for(lambda: _at_rest(client), 2.0)
+    time.sleep(0.3)
+    assert filt.process.poll() is None, filt.output()[-3000:]
+    resp = _reset(client)
+    assert not resp.success and "trust" in resp.message
+    trust_pub.publish(TrustState(level=TrustState.LEVEL_FULL, phase=TrustState.PHASE_SIM))
+    assert wait_for(lambda: _reset(client).success, 3.0)
+    assert wait_for(lambda: _moving(client), 3.0)
+    # a wrench with a NaN in it: between two of the arm's own (good) wrenches, the filter must catch one
+    bad = WrenchStamped()
+    bad.header.frame_id = "ft_sensor_link"
+    bad.wrench.force.x = float("nan")
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end and not _latched_fault(client, "wrench"):
+        wrench_pub.publish(bad)
+        time.sleep(0.002)
+    assert wait_for(lambda: _latched_fault(client, "wrench") or "fault" in client.statuses[-1].latches, 2.0)
+    assert any(s.fault_kind == "wrench" for s in list(client.statuses)[-300:])
+    assert wait_for(lambda: _at_rest(client), 2.0) and filt.process.poll() is None
+    assert wait_for(lambda: _reset(client).success, 3.0)  # the arm's good wrenches are back
+    assert wait_for(lambda: _moving(client), 3.0)
+
+
+def test_a_killed_and_restarted_filter_starts_latched_until_an_operator_enables_it(spawn, ros_context):
+    """Item 9, reproduced: SIGKILL the filter while the arm moves and start it again (a respawn, a
+    manual restart): with the nominal still streaming, the new filter commands exactly zero and
+    reports the start latch until /robot_wm/reset_estop."""
+    arm = spawn(command_for(ENABLED["arm_sim"]))
+    first = spawn(command_for(ENABLED["safety_filter"]))
+    client = ArmClient(ros_context, start=False)
+    source = NominalSource(client)
+    client.start()
+    try:
+        assert client.wait_for_state(60.0), arm.output()
+        source.value = MOVE
+        assert wait_for(lambda: _moving(client), 60.0), first.output()[-3000:]
+        first.process.send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        assert wait_for(lambda: _at_rest(client), 2.0)  # the embedded arm's own command timeout
+        second = spawn(command_for(LATCHED["safety_filter"]))
+        assert wait_for(lambda: len(_statuses_after(client, t_kill)) >= 100, 60.0), second.output()[-3000:]
+        after = _statuses_after(client, t_kill)
+        assert all(s.state_text == "ESTOP" and "start" in s.latches for s in after)
+        assert "waiting for operator enable" in after[-1].fault_reason
+        assert wait_for(lambda: len(source.published_since(t_kill)) >= 100, 5.0)
+        assert all(np.all(u == 0.0) for _, u in source.published_since(t_kill))
+        assert _at_rest(client)
+        assert wait_for(lambda: _reset(client).success, 5.0)
+        assert wait_for(lambda: _moving(client), 3.0)
+    finally:
+        source.close()
+        client.close()
+
+
+def _transition(client, transition_id: int) -> bool:
+    return client.call(ChangeState, "/safety_filter/change_state",
+                       ChangeState.Request(transition=Transition(id=transition_id))).success
+
+
+def _lifecycle_state(client) -> str:
+    return client.call(GetState, "/safety_filter/get_state", GetState.Request()).current_state.label
+
+
+def test_lifecycle_transitions_never_release_a_latch(stack):
+    """Item 9, lifecycle: deactivate stops the arm and latches; activate again does not move it;
+    an e-stop latched before cleanup -> configure is still latched after it; only a reset resumes."""
+    _, filt, client, source = stack
+    source.value = MOVE
+    assert wait_for(lambda: _moving(client), 5.0)
+    assert _transition(client, Transition.TRANSITION_DEACTIVATE)
+    assert wait_for(lambda: _lifecycle_state(client) == "inactive", 5.0)
+    assert wait_for(lambda: _at_rest(client), 2.0)
+    t_activate = time.time()
+    assert _transition(client, Transition.TRANSITION_ACTIVATE)
+    assert wait_for(lambda: len(_statuses_after(client, t_activate)) >= 50, 10.0)
+    assert all("start" in s.latches for s in _statuses_after(client, t_activate))
+    assert _at_rest(client)
+    assert client.call(Trigger, "/robot_wm/estop", Trigger.Request()).success
+    assert _transition(client, Transition.TRANSITION_DEACTIVATE)
+    assert _transition(client, Transition.TRANSITION_CLEANUP)
+    assert _transition(client, Transition.TRANSITION_CONFIGURE)
+    t_again = time.time()
+    assert _transition(client, Transition.TRANSITION_ACTIVATE)
+    assert wait_for(lambda: len(_statuses_after(client, t_again)) >= 50, 10.0)
+    after = _statuses_after(client, t_again)
+    assert all({"start", "estop"} <= set(s.latches) and s.state_text == "ESTOP" for s in after)
+    assert _at_rest(client) and filt.process.poll() is None
+    assert wait_for(lambda: _reset(client).success, 5.0)
+    assert wait_for(lambda: _moving(client), 3.0)
+
+
+def test_lifecycle_cycles_add_no_timers_and_keep_the_latches(ros_context):
+    """Item 11's second half: each activate used to add another diagnostics timer. In process: ten
+    deactivate/activate cycles leave exactly the timers one activation has (control + diagnostics
+    + the spent autostart), and the start latch is there after every one of them."""
+    from rclpy.parameter import Parameter as RclpyParameter
+
+    from robot_wm.nodes.safety_filter_node import SafetyFilterNode
+
+    node = SafetyFilterNode(context=ros_context)
+    try:
+        node.set_parameters([RclpyParameter("safety.tool_speed_max_mps", value=0.5)])  # same value: nothing changes
+        node.trigger_configure()
+        node.trigger_activate()
+        timers = len(list(node.timers))
+        for _ in range(10):
+            node.trigger_deactivate()
+            node.trigger_activate()
+            assert node.controller.supervisor.latch_names() == ("start",)
+        assert len(list(node.timers)) == timers
+    finally:
+        node.destroy_node()
