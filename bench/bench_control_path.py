@@ -31,8 +31,8 @@ Four parts, each printed as a table (``--json`` gives the same numbers as one JS
    ``finally``). Two measurements per configuration:
 
    * **in the chain** (default): the safety_filter process (or the composed one) is started
-     through this script (``--child``), which wraps three methods of the unchanged
-     ``SafetyFilterNode`` class to record wall-clock ``time.time_ns()``: the ``header.stamp`` of
+     through this script (``--child``), which sets the node's supported timing hook
+     (``SafetyFilterNode.period_hook``) to record wall-clock ``time.time_ns()``: the ``header.stamp`` of
      the JointState each control step consumed (arm_sim stamps it right before publishing; the
      control nodes take the newest one, depth-1 QoS), when the step began, and when the command
      was handed to ``publish()``. The executor is the runner's own choice (``make_executor``,
@@ -173,8 +173,12 @@ class HotPath:
     kin_filter: Any
     policy: Any
     wm: Any
-    filt: Any
-    sup: Any
+    ctrl: Any  # the SafetyController the safety_filter node runs (it holds the world model runner)
+
+    @property
+    def filt(self) -> Any:
+        """The controller's QP (SafetyFilter)."""
+        return self.ctrl.filter
 
 
 def build_hot_path(dt_s: float = DT) -> HotPath:
@@ -182,7 +186,7 @@ def build_hot_path(dt_s: float = DT) -> HotPath:
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.policy_runner import PolicyRunner
-    from robot_wm.core.safety import SafetyFilter, SafetySupervisor, load_safety_limits
+    from robot_wm.core.safety import ControllerConfig, Phase, SafetyController, TrustLevel, load_safety_limits
     from robot_wm.core.task import load_task
     from robot_wm.core.world_model_runner import WorldModelRunner
     from robot_wm.paths import data_path
@@ -191,13 +195,28 @@ def build_hot_path(dt_s: float = DT) -> HotPath:
     names = tuple(description.joint_limits(urdf).names)
     task = load_task()
     kin_filter = Kinematics(urdf, names)
-    filt = SafetyFilter(load_safety_limits(), kin_filter, dt_s, require_model=True)
+    wm = WorldModelRunner(data_path("models", "world_model.onnx"), names, task.control_dt_s)
+    # as the node configures it on the embedded arm (F/T sensor on, trust FULL in SIM)
+    config = ControllerConfig(dt_s=dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
+                              default_phase=Phase.SIM, force_sensor=True)
     return HotPath(
         names=names, task=task, kin_policy=Kinematics(urdf, names), kin_filter=kin_filter,
-        policy=PolicyRunner(data_path("models", "policy.onnx"), names, task.control_dt_s),
-        wm=WorldModelRunner(data_path("models", "world_model.onnx"), names, task.control_dt_s),
-        filt=filt, sup=SafetySupervisor(filt, latch_faults=True),
+        policy=PolicyRunner(data_path("models", "policy.onnx"), names, task.control_dt_s), wm=wm,
+        ctrl=SafetyController(load_safety_limits(), kin_filter, config, model=wm),
     )
+
+
+def enable_hot_path(hp: HotPath, q: np.ndarray) -> None:
+    """Tare at rest and enable the controller, as an operator does at start-up (not timed)."""
+    from robot_wm.core.safety import JointSample, NominalSample, WrenchSample
+
+    for k in range(200):
+        t_s = -2.0 + k * DT
+        hp.ctrl.step(t_s, joint=JointSample(q, np.zeros(6), t_s), nominal=NominalSample(np.zeros(6), t_s),
+                     wrench=WrenchSample(np.zeros(3), t_s, hp.ctrl.config.ft_frame))
+        if hp.ctrl.reset()[0]:
+            return
+    raise RuntimeError(f"the safety controller could not be enabled: {hp.ctrl.summary()}")
 
 
 STAGE_LABELS = {
@@ -208,8 +227,8 @@ STAGE_LABELS = {
     "world_model.linearize": "WorldModelRunner.linearize_with_std (batch 13)",
     "world_model.predict": "WorldModelRunner.predict (batch 1, world_model node)",
     "qp.osqp_update_solve": "OSQP update+solve (QP periods)",
-    "filter.supervisor_step": "SafetySupervisor.step, all periods",
-    "filter.supervisor_step_qp": "SafetySupervisor.step, QP periods",
+    "filter.controller_step": "SafetyController.step, all periods",
+    "filter.controller_step_qp": "SafetyController.step, QP periods",
     "node.policy_step": "policy control_step compute",
     "node.safety_filter_step": "safety_filter control_step compute",
     "node.period_total": "policy + safety_filter compute / period",
@@ -225,7 +244,7 @@ def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None
     from bench_safety_filter import HOME  # the filter benchmark's start pose (shared set-up)
     from robot_wm.core.policy_runner import make_obs
     from robot_wm.core.reacher import DlsReacher
-    from robot_wm.core.safety import FilterInput, LinearizedModel
+    from robot_wm.core.safety import JointSample, NominalSample, WrenchSample
 
     hp = hot or build_hot_path()
     limits = hp.filt.limits
@@ -237,7 +256,11 @@ def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None
     mode, burst = "reach", np.zeros(6)
     q, qd = HOME.copy(), np.zeros(6)
     hp.wm.reset()
-    keys = [k for k in STAGE_LABELS if k not in ("filter.supervisor_step_qp", "qp.osqp_update_solve")]
+    ft = hp.ctrl.config.ft_frame
+    wrench = lambda t_s: WrenchSample(np.zeros(3), t_s, ft)  # noqa: E731 (a free tool: the tare is zero)
+    sim_t = 0.0
+    enable_hot_path(hp, q)
+    keys = [k for k in STAGE_LABELS if k not in ("filter.controller_step_qp", "qp.osqp_update_solve")]
     t = {k: np.zeros(periods, dtype=np.int64) for k in keys}
     qp_ns, step_qp_ns, states, samples = [], [], {}, []
     warm = min(100, periods)
@@ -261,51 +284,48 @@ def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None
             nominal = reacher(q, np.array([-0.5, -0.1, -0.3]) if mode == "table" else box_center)
         hist = hp.wm.action_history if keep_samples else None
         t3 = pc()
-        f0, jac, sigma = hp.wm.linearize_with_std(q, qd, nominal)  # what the filter node calls
+        f0, _, _ = hp.wm.linearize_with_std(q, qd, nominal)  # the controller's call, timed alone
         t4 = pc()
         hp.wm.predict(q, qd, nominal, commit=False)  # the world_model node's call, timed alone
         t5 = pc()
-        _ = hp.kin_filter.frame_pose(q, "ft_sensor_link").rotation
+        _ = hp.kin_filter.frame_pose(q, ft).rotation  # the controller's F/T rotation, timed alone
         t6 = pc()
-        out = hp.sup.step(FilterInput(q_rad=q, qdot_radps=qd, u_nominal_radps=nominal,
-                                      model=LinearizedModel(f0, jac, sigma), input_age_periods=0.5))
+        sim_t += DT  # the joint state is half a period old, as the node sees it on average
+        out = hp.ctrl.step(sim_t, joint=JointSample(q, qd, sim_t - 0.5 * DT), nominal=NominalSample(nominal, sim_t),
+                           wrench=wrench(sim_t))  # linearize + F/T + QP + latches + commit: the node's step
         t7 = pc()
-        hp.wm.commit(out.u_safe_radps)
+        hp.filt.workspace.points(q)  # the QP's own FK + Jacobians, timed alone (step computes them)
         t8 = pc()
-        hp.filt._kinematics(q)  # the filter's own FK + Jacobians, timed alone (step recomputes it)
-        t9 = pc()
         solved = out.solver_status != 0
         if i >= 0:
             for key, val in (("kinematics.tool_position", t1 - t0), ("kinematics.ft_frame_pose", t6 - t5),
-                             ("kinematics.filter_points", t9 - t8), ("policy.act", t2 - t1),
+                             ("kinematics.filter_points", t8 - t7), ("policy.act", t2 - t1),
                              ("world_model.linearize", t4 - t3), ("world_model.predict", t5 - t4),
-                             ("filter.supervisor_step", t7 - t6),
-                             ("node.policy_step", t2 - t0), ("node.safety_filter_step", (t4 - t3) + (t7 - t5)),
-                             ("node.period_total", (t2 - t0) + (t4 - t3) + (t7 - t5))):
+                             ("filter.controller_step", t7 - t6),
+                             ("node.policy_step", t2 - t0), ("node.safety_filter_step", t7 - t6),
+                             ("node.period_total", (t2 - t0) + (t7 - t6))):
                 t[key][i] = val
             states[out.state.name] = states.get(out.state.name, 0) + 1
             if solved:
                 qp_ns.append(int(out.solve_time_s * 1e9))
                 step_qp_ns.append(t7 - t6)
             if keep_samples:
-                f = hp.filt
                 samples.append(dict(
                     q=q.copy(), qd=qd.copy(), obs=obs.copy(), nominal=np.array(nominal, dtype=float), hist=hist,
                     t_act=t2 - t1, t_lin=t4 - t3, t_pred=t5 - t4, t_ft=t6 - t5, t_step=t7 - t6,
                     t_qp=int(out.solve_time_s * 1e9) if solved else 0, action=action.copy(), f0=f0.copy(),
-                    snap=(f._A.copy(), f._l_qp.copy(), f._u_qp.copy(), f._q.copy(), out.u_safe_radps.copy())
-                    if solved else None))
+                    snap=(hp.filt.snapshot(), out.u_safe_radps.copy()) if solved else None))
         # the kinematic arm
         qd = np.asarray(out.u_safe_radps, dtype=float)
         q = q + qd * DT
-        if hp.sup.latched_fault is not None:
-            hp.sup.reset()
+        if hp.ctrl.supervisor.latched and not np.any(qd):
+            hp.ctrl.reset()  # the operator (a latched fault stops the stream otherwise)
         if out.is_stop and not np.any(qd):  # stopped for good (e.g. deep in a keep-out): start over
             q, qd = HOME.copy(), np.zeros(6)
             hp.wm.reset()
     stages = {k: stats_us(v) for k, v in t.items()}
     stages["qp.osqp_update_solve"] = stats_us(qp_ns)
-    stages["filter.supervisor_step_qp"] = stats_us(step_qp_ns)
+    stages["filter.controller_step_qp"] = stats_us(step_qp_ns)
     stages = {k: stages[k] for k in STAGE_LABELS}
     return {"stages": stages, "periods": periods, "qp_periods": len(qp_ns), "states": states}, samples
 
@@ -326,7 +346,7 @@ def torch_modules(hp: HotPath, wm_pt: Path | None, policy_pt: Path | None):
     from robot_wm.learning.pipeline import load_policy_checkpoint
     from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig
     from robot_wm.learning.world_model import WorldModel, WorldModelConfig, load_checkpoint
-    from robot_wm.core.task import OBS_DIM
+    from robot_wm.contracts import OBS_DIM
     from robot_wm.paths import config_path
 
     if wm_pt and wm_pt.is_file():
@@ -436,7 +456,7 @@ def typical_comparison(hp: HotPath, samples: list[dict[str, Any]], cvxpy_samples
                 continue  # cvxpy's first calls compile its canonicalization: warm-up
             solvers.add(name)
             if np.all(np.isfinite(x)):
-                diffs.append(float(np.max(np.abs(x - s["snap"][4]))))
+                diffs.append(float(np.max(np.abs(x - s["snap"][1]))))
             else:
                 failures += 1
             t_cvx = int(wall * 1e9)
@@ -444,8 +464,9 @@ def typical_comparison(hp: HotPath, samples: list[dict[str, Any]], cvxpy_samples
             ours_qp.append(s["t_qp"])
             t0 = pc(); lin_t(s["q"], s["qd"], s["hist"], s["nominal"]); t1 = pc()  # noqa: E702
             pred_t(s["q"], s["qd"], s["hist"], s["nominal"]); t2 = pc()  # noqa: E702
-            ours_whole.append(s["t_lin"] + s["t_ft"] + s["t_step"])  # linearize_with_std: one inference
-            typ_whole.append((t1 - t0) + (t2 - t1) + s["t_ft"] + (s["t_step"] - s["t_qp"]) + t_cvx)
+            ours_whole.append(s["t_step"])  # SafetyController.step: linearize_with_std (one inference) + F/T + QP
+            # the same step with torch networks (mean + slope, then a second inference for σ) and cvxpy
+            typ_whole.append((s["t_step"] - s["t_lin"] - s["t_qp"]) + (t1 - t0) + (t2 - t1) + t_cvx)
         rows.append(_row("QP solve", "OSQP warm update+solve", "cvxpy new Problem/period", ours_qp, cvx_ns))
         rows.append(_row("whole filter step (QP periods)", "ORT + OSQP", "torch + cvxpy", ours_whole, typ_whole))
         cvx = {"solvers": sorted(solvers), "samples": len(cvx_ns), "no_solution": failures,
@@ -534,8 +555,8 @@ def executor_hop(kind: str, seconds: float, period_s: float = 0.002) -> dict[str
 def _child(argv: list[str]) -> int:
     """``--child MODULE RECORD_PATH --ros-args ...``: run a node module with the filter instrumented.
 
-    The SafetyFilterNode class is unchanged except for three thin wrappers that note wall-clock
-    times (see the module docstring). The executor is whatever the runner's ``make_executor``
+    The SafetyFilterNode's timing hook (``SafetyFilterNode.period_hook``) notes the wall-clock
+    times of every period (see the module docstring). The executor is whatever the runner's ``make_executor``
     builds from $ROBOT_WM_EXECUTOR (set by the parent per mode); a pass-through wrapper only
     notes its class. The records are written when the process stops (SIGINT), the executor's
     class next to them (RECORD_PATH with the suffix .executor).
@@ -547,29 +568,17 @@ def _child(argv: list[str]) -> int:
 
     records: list[tuple[int, int, int, int, int]] = []
     built: list[str] = []
-    orig_js, orig_step, orig_pub = cls._on_joint_state, cls.control_step, cls._publish
     orig_make_executor = runner.make_executor
 
-    def on_joint_state(self, msg) -> None:
-        self._bench_js = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec, time.time_ns())
-        orig_js(self, msg)
-
-    def control_step(self) -> None:
-        self._bench_t0 = time.time_ns()
-        orig_step(self)
-
-    def publish(self, u, out, reason) -> None:
-        t = time.time_ns()
-        stamp, rx = getattr(self, "_bench_js", (0, 0))
-        records.append((stamp, rx, getattr(self, "_bench_t0", t), t, -1 if out is None else int(out.state)))
-        orig_pub(self, u, out, reason)
+    def record(r) -> None:  # SafetyFilterNode's supported timing hook
+        records.append((r.state_stamp_ns, r.state_received_ns, r.step_start_ns, r.publish_ns, r.state))
 
     def make_executor(context, kind=None):  # selection unchanged: only note what was built
         executor = orig_make_executor(context, kind)
         built.append(type(executor).__name__)
         return executor
 
-    cls._on_joint_state, cls.control_step, cls._publish = on_joint_state, control_step, publish
+    cls.period_hook = record
     runner.make_executor = make_executor
     sys.argv = [module, *ros_args]
     code: Any = 0
@@ -621,7 +630,7 @@ def _specs_for(mode: str, rate_hz: float) -> tuple[list, float]:
         # the shipped world model predicts 10 ms steps: at other rates the filter refuses to start
         # with it (require_model) and is benchmarked with its kinematic model instead
         overrides["require_model"] = False
-    for s in plan("mujoco", composed=mode.startswith("composed"), overrides=overrides):
+    for s in plan("mujoco", composed=mode.startswith("composed"), overrides=overrides, enable=True):
         if s.needs_ros_install:
             continue  # robot_state_publisher: not started by `robot-wm up` without a ROS install either
         if s.name == "arm_sim":

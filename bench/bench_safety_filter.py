@@ -42,7 +42,7 @@ def _pct(values, unit_scale: float = 1e6, fmt: str = "{:8.1f}") -> str:
 
 
 def stream(filt: SafetyFilter, kin: Kinematics, periods: int, seed: int = 0):
-    """Run the closed loop; yield (FilterOutput, filter wall time, QP snapshot or None) per period."""
+    """Run the closed loop; yield (FilterOutput, filter wall time, (QpSnapshot, solution) or None) per period."""
     limits = filt.limits
     rng = np.random.default_rng(seed)
     reacher = DlsReacher(kin, HOME, limits.vel_max_radps * 1.5, max_tool_speed_mps=0.8)
@@ -63,11 +63,11 @@ def stream(filt: SafetyFilter, kin: Kinematics, periods: int, seed: int = 0):
             target = np.array([-0.5, -0.1, -0.3]) if mode == "table" else box_center
             nominal = reacher(q, target)
         t0 = time.perf_counter()
-        out = filt.filter(FilterInput(q, qd, nominal))
+        out = filt.filter(FilterInput(q, qd, nominal, u_prev_radps=qd))  # the kinematic arm tracks its command
         wall = time.perf_counter() - t0
         snap = None
         if out.solver_status != 0:  # the QP was solved: keep its data for the comparisons
-            snap = (filt._A.copy(), filt._l_qp.copy(), filt._u_qp.copy(), filt._q.copy(), out.u_safe_radps.copy())
+            snap = (filt.snapshot(), out.u_safe_radps.copy())
         yield out, wall, snap
         qd = out.u_safe_radps
         q = q + qd * DT
@@ -77,17 +77,17 @@ def stream(filt: SafetyFilter, kin: Kinematics, periods: int, seed: int = 0):
 
 def cvxpy_solve(cp, filt: SafetyFilter, snap) -> tuple[np.ndarray, float, str]:
     """The same QP as people usually write it in cvxpy: a new problem from the rows, every call."""
-    A, l, u, q, _ = snap
+    qp = snap[0]
+    A, l, u, q, lay = qp.A, qp.l, qp.u, qp.q, qp.layout
     n = filt.n
     t0 = time.perf_counter()
     x = cp.Variable(n)
     s = cp.Variable(3, nonneg=True)
     u_nom = -q[:n]
-    w = float(filt._P.diagonal()[n])
+    w = qp.slack_weight
     cons = []
-    hard = slice(0, filt._r_speed)
     a_u, a_s = A[:, :n], A[:, n:]
-    for rows in (hard, slice(filt._r_speed, filt._r_slack)):
+    for rows in (lay.hard, lay.soft):
         a, lo, hi, asl = a_u[rows], l[rows], u[rows], a_s[rows]
         expr = a @ x + asl @ s
         fin_lo, fin_hi = np.isfinite(lo), np.isfinite(hi)
@@ -103,10 +103,12 @@ def cvxpy_solve(cp, filt: SafetyFilter, snap) -> tuple[np.ndarray, float, str]:
 
 def osqp_fresh_setup(filt: SafetyFilter, snap) -> float:
     """OSQP with a new setup() for this one problem (what a naive direct OSQP user does)."""
-    A, l, u, q, _ = snap
+    qp = snap[0]
+    n = filt.n
     t0 = time.perf_counter()
     solver = osqp.OSQP()
-    solver.setup(filt._P, q, sparse.csc_matrix(A), l, u, **filt.osqp_settings)
+    p = sparse.diags(np.r_[np.ones(n), np.full(qp.A.shape[1] - n, qp.slack_weight)], format="csc")
+    solver.setup(p, qp.q, sparse.csc_matrix(qp.A), qp.l, qp.u, **filt.osqp_settings)
     solver.solve(raise_error=False)
     return time.perf_counter() - t0
 
@@ -121,8 +123,7 @@ def main() -> None:
     kin = Kinematics(urdf, description.joint_limits(urdf).names)
     limits = load_safety_limits()
     filt = SafetyFilter(limits, kin, DT)
-    print(f"safety filter: {filt.n} joints, {filt.m} rows x {filt.nx} variables, "
-          f"{len(filt._csc_rows)} nonzeros in A; OSQP {osqp.__version__} settings {filt.osqp_settings}")
+    print(f"safety filter: {filt.n} joints, {filt.m} rows x {filt.nx} variables; OSQP {osqp.__version__} settings {filt.osqp_settings}")
 
     # warm-up (imports, caches), then the measured stream
     for _ in stream(filt, kin, 300, seed=99):
@@ -159,7 +160,7 @@ def main() -> None:
         x, wall, name = cvxpy_solve(cp, filt, snap)
         solver_names.add(name)
         cvx_times.append(wall)
-        diffs.append(float(np.max(np.abs(x - snap[4]))))
+        diffs.append(float(np.max(np.abs(x - snap[1]))))
         fresh_times.append(osqp_fresh_setup(filt, snap))
         ours_qp.append(out.solve_time_s)
         ours_total.append(walls[idx])

@@ -42,7 +42,7 @@ def test_stage_timings_report_every_stage(bench):
     assert res["periods"] == periods and sum(res["states"].values()) == periods
     assert 0 < res["qp_periods"] <= periods  # the policy's first moves from home need the QP
     for key, stats in res["stages"].items():
-        qp_only = key in ("qp.osqp_update_solve", "filter.supervisor_step_qp")
+        qp_only = key in ("qp.osqp_update_solve", "filter.controller_step_qp")
         _check(stats, res["qp_periods"] if qp_only else periods)
     # the whole filter step contains its parts
     st = res["stages"]

@@ -43,6 +43,8 @@ class ControlNode(LifecycleNode):
         # last GOOD (time it was measured on time.monotonic(), q_rad, qdot_radps)
         self.state: tuple[float, np.ndarray, np.ndarray] | None = None
         self.state_error: str | None = None
+        self.state_stamp_ns = 0  # header stamp of the latest good joint state (0: none yet / unstamped)
+        self.state_received_ns = 0  # wall-clock time it was received (time.time_ns())
         self._offset_block_min, self._offset_prev_min, self._offset_count = math.inf, math.inf, 0
         self.state_errors = 0
         self._control_timer = None
@@ -68,6 +70,8 @@ class ControlNode(LifecycleNode):
             return
         self.state_error = None
         self.state = (time.monotonic() - self._stamp_lag_s(msg), q, qdot)
+        self.state_stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        self.state_received_ns = time.time_ns()
 
     def _stamp_lag_s(self, msg: JointState) -> float:
         """How much older than its fastest delivery this message is (s; 0 for unstamped ones).

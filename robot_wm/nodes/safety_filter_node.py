@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import time
 import traceback
+from collections.abc import Callable
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -71,8 +72,23 @@ def _guarded(fn):
     return wrapper
 
 
+@dataclasses.dataclass(frozen=True)
+class PeriodRecord:
+    """Wall-clock times of one control period (ns, ``time.time_ns()``), for latency measurements."""
+
+    state_stamp_ns: int  # header stamp of the joint state the period consumed (0: none yet)
+    state_received_ns: int  # when that joint state was received
+    step_start_ns: int  # when the control step began
+    publish_ns: int  # when the command was handed to publish()
+    state: int  # the period's FilterState
+
+
 class SafetyFilterNode(ControlNode):
     """Run SafetyController each period and publish the hardware command and the status."""
+
+    #: Timing hook (benchmarks): when set, called with a PeriodRecord after every period's publish.
+    #: Set it on the class before the node is created; it costs two clock reads per period.
+    period_hook: Callable[[PeriodRecord], None] | None = None
 
     def __init__(self, context: Context | None = None, node_name: str = "safety_filter") -> None:
         super().__init__(node_name, context=context)
@@ -291,6 +307,7 @@ class SafetyFilterNode(ControlNode):
     @_guarded
     def control_step(self) -> None:
         """One period: run the controller and publish the hardware command and the status."""
+        start_ns = time.time_ns() if self.period_hook is not None else 0
         try:
             out = self.controller.step(time.monotonic(), joint=self._joint_sample(), nominal=self._nominal,
                                        wrench=self._wrench, trust=self._trust)
@@ -299,6 +316,8 @@ class SafetyFilterNode(ControlNode):
         if out.traceback:
             self.get_logger().error(f"unexpected exception in a control period (controlled stop, FAULT latched):\n{out.traceback}")
         self._publish(out)
+        if self.period_hook is not None:
+            self.period_hook(PeriodRecord(self.state_stamp_ns, self.state_received_ns, start_ns, time.time_ns(), int(out.state)))
 
     def _publish(self, out: ControllerOutput) -> None:
         self._cmd_pub.publish(Float64MultiArray(data=np.asarray(out.u_safe_radps, dtype=float).tolist()))

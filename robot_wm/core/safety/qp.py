@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,21 @@ REACH_M = 1.0
 #: Above the force limit the tool must move away from the contact at least this fast (m/s); when
 #: the other limits do not allow that, the filter stops the arm instead.
 FORCE_RETREAT_MPS = 0.01
+
+
+@dataclass(frozen=True)
+class QpSnapshot:
+    """The QP of the latest solved period as the solver saw it (for benchmarks and comparisons).
+
+    minimize ½ uᵀu − uᵀu_nom + ½ w ‖s‖² subject to l <= A [u; s] <= u_bound, with ``u_nom = −q[:n]``.
+    """
+
+    A: np.ndarray  # (m, nx) dense
+    l: np.ndarray  # (m,) lower bounds (QP margins applied)
+    u: np.ndarray  # (m,) upper bounds
+    q: np.ndarray  # (nx,) linear cost
+    slack_weight: float
+    layout: RowLayout
 
 
 def _short(joint: str) -> str:
@@ -214,6 +230,11 @@ class SafetyFilter:
         self._dt_brake = self._dt_up = self.dt_s
         self._ages.clear()
         self._coast_s = self.limits.reaction_time_s
+
+    def snapshot(self) -> QpSnapshot:
+        """A copy of the QP assembled in the latest period (what OSQP solved when it was solved)."""
+        return QpSnapshot(self._A.copy(), self._l_qp.copy(), self._u_qp.copy(), self._q.copy(),
+                          float(self._P.diagonal()[self.n]), self.layout)
 
     def controlled_stop(self, u_prev_radps: Any = None, elapsed_s: float | None = None) -> np.ndarray:
         """The next command of a controlled stop: the previous command ramped toward zero, then zero.
@@ -566,4 +587,4 @@ class SafetyFilter:
                             slack=no_slack(), **extra)
 
 
-__all__ = ["SafetyFilter", "AGE_WINDOW", "REACH_M", "FORCE_RETREAT_MPS"]
+__all__ = ["SafetyFilter", "QpSnapshot", "AGE_WINDOW", "REACH_M", "FORCE_RETREAT_MPS"]
