@@ -111,7 +111,8 @@ def policy_network(checkpoint: Path | None, workdir: Path) -> Network:
     """The policy actor (trained checkpoint, or the configured architecture untrained)."""
     from robot_wm import description
     from robot_wm.core.policy_runner import PolicyRunner, make_obs
-    from robot_wm.core.task import OBS_DIM, load_task
+    from robot_wm.contracts import OBS_DIM
+    from robot_wm.core.task import load_task
     from robot_wm.learning.config import load_section
     from robot_wm.learning.pipeline import load_policy_checkpoint
     from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig, export_policy

@@ -68,6 +68,21 @@ def test_limits_are_the_ur5e_specifications():
     np.testing.assert_allclose(limits.lower_rad, -limits.upper_rad)
 
 
+def test_the_contracts_joint_order_is_the_descriptions_and_the_shipped_models():
+    import json
+
+    import yaml
+
+    from robot_wm.contracts import JOINT_NAMES, N_JOINTS
+    from robot_wm.paths import config_path, data_path
+
+    assert JOINT_NAMES == description.joint_limits(description.expand()).names and N_JOINTS == len(JOINT_NAMES)
+    robot = yaml.safe_load(config_path("robot.yaml").read_text())["/**"]["ros__parameters"]
+    assert tuple(robot["joint_names"]) == JOINT_NAMES
+    for model in ("policy.json", "world_model.json"):
+        assert tuple(json.loads(data_path("models", model).read_text())["joint_names"]) == JOINT_NAMES, model
+
+
 def test_pinocchio_loads_same_joints_limits_and_ur5e_reach():
     import pinocchio as pin
 

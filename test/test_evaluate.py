@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from robot_wm.core.policy_runner import PolicyOutputError, PolicyRunner, ScriptedPolicy, obs_layout_json
-from robot_wm.core.task import OBS_LAYOUT, TaskSpec, load_task
+from robot_wm.contracts import JOINT_NAMES, OBS_LAYOUT, layout_json, policy_signature
+from robot_wm.core.policy_runner import PolicyOutputError, PolicyRunner, ScriptedPolicy
+from robot_wm.core.task import TaskSpec, load_task
 from robot_wm.learning.evaluate import evaluate, main, make_episodes
-from robot_wm.sim import JOINT_NAMES
 
 LIMITS = [1.0, 1.0, 1.0, 1.5, 1.5, 1.5]
 
@@ -17,15 +17,16 @@ LIMITS = [1.0, 1.0, 1.0, 1.5, 1.5, 1.5]
 def export_policy(tmp_path, forward, name="policy"):
     """Export ``forward(torch, obs) -> action`` as a real policy ONNX graph + sidecar under tmp_path."""
     torch = pytest.importorskip("torch")
-    from robot_wm.learning.export import export_onnx, write_sidecar
+    from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
     class Net(torch.nn.Module):
         def forward(self, obs):
             return forward(torch, obs)
 
-    path = export_onnx(Net(), (torch.zeros(1, 18),), tmp_path / f"{name}.onnx", ["obs"], ["action_radps"])
+    sig = policy_signature()
+    path = export_onnx(Net(), example_inputs(sig, batch=1), tmp_path / f"{name}.onnx", sig.input_names, sig.output_names)
     write_sidecar(path, model_kind="policy", version="t1", joint_names=JOINT_NAMES, dt_s=0.01,
-                  training_data_sha256="0" * 64, extra={"action_limit_radps": LIMITS, "obs_layout": obs_layout_json()})
+                  training_data_sha256="0" * 64, extra={"action_limit_radps": LIMITS, "obs_layout": layout_json(OBS_LAYOUT)})
     return path
 
 

@@ -1,4 +1,4 @@
-"""Layering: robot_wm.core imports with rclpy and torch unavailable; robot_wm.sim without rclpy."""
+"""Layering: the base modules import only numpy/yaml; robot_wm.core without rclpy and torch; robot_wm.sim without rclpy."""
 from __future__ import annotations
 
 import subprocess
@@ -20,8 +20,12 @@ BLOCKER = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, Block())
-    package = importlib.import_module(sys.argv[1])
-    names = [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    names = []
+    for top in sys.argv[1].split(","):  # modules, and every module of a package
+        module = importlib.import_module(top)
+        names.append(top)
+        if hasattr(module, "__path__"):
+            names += [m.name for m in pkgutil.walk_packages(module.__path__, module.__name__ + ".")]
     for name in names:
         importlib.import_module(name)
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
@@ -42,3 +46,13 @@ def test_layer_imports_without_forbidden_dependencies(package, blocked):
     if package == "robot_wm.core":
         for module in ("kinematics", "task", "onnx_model", "reacher", "policy_runner", "world_model_runner"):
             assert f"robot_wm.core.{module}" in result.stdout
+
+
+
+def test_base_layer_imports_nothing_above_it():
+    """paths, description and contracts (the contracts every layer shares) need only numpy and yaml:
+    blocking what core (onnxruntime, osqp, pinocchio), sim (mujoco), learning (torch) and the nodes
+    (rclpy) need proves that they import none of those layers."""
+    result = subprocess.run([sys.executable, "-c", BLOCKER, "robot_wm.paths,robot_wm.description,robot_wm.contracts",
+                             "rclpy,torch,onnx,onnxruntime,osqp,pinocchio,mujoco"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -8,16 +8,10 @@ import sys
 import numpy as np
 import pytest
 
+from robot_wm.contracts import JOINT_NAMES, OBS_LAYOUT, layout_json, policy_signature
 from robot_wm.core.onnx_model import ModelError
-from robot_wm.core.policy_runner import (
-    PolicyOutputError,
-    PolicyRunner,
-    ScriptedPolicy,
-    make_obs,
-    obs_layout_json,
-)
-from robot_wm.core.task import OBS_LAYOUT, load_task
-from robot_wm.sim import JOINT_NAMES
+from robot_wm.core.policy_runner import PolicyOutputError, PolicyRunner, ScriptedPolicy, make_obs
+from robot_wm.core.task import load_task
 
 LIMITS = [1.0, 1.0, 1.0, 1.5, 1.5, 1.5]
 
@@ -25,14 +19,15 @@ LIMITS = [1.0, 1.0, 1.0, 1.5, 1.5, 1.5]
 def export_policy(tmp_path, forward, name="policy", extra=None, joint_names=JOINT_NAMES):
     """Export ``forward(obs) -> action`` as a real policy ONNX graph + sidecar under tmp_path."""
     torch = pytest.importorskip("torch")
-    from robot_wm.learning.export import export_onnx, write_sidecar
+    from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
     class Net(torch.nn.Module):
         def forward(self, obs):
             return forward(torch, obs)
 
-    path = export_onnx(Net(), (torch.zeros(1, 18),), tmp_path / f"{name}.onnx", ["obs"], ["action_radps"])
-    meta = {"action_limit_radps": LIMITS, "obs_layout": obs_layout_json()}
+    sig = policy_signature()
+    path = export_onnx(Net(), example_inputs(sig, batch=1), tmp_path / f"{name}.onnx", sig.input_names, sig.output_names)
+    meta = {"action_limit_radps": LIMITS, "obs_layout": layout_json(OBS_LAYOUT)}
     meta.update(extra or {})
     write_sidecar(path, model_kind="policy", version="t1", joint_names=joint_names, dt_s=0.01,
                   training_data_sha256="0" * 64, extra={k: v for k, v in meta.items() if v is not None})
@@ -154,7 +149,7 @@ def test_sidecar_layout_and_limits_are_checked(tmp_path):
 
 def test_wrong_kind_and_signature_refused(tmp_path):
     torch = pytest.importorskip("torch")
-    from robot_wm.learning.export import export_onnx, write_sidecar
+    from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
     class WorldModel(torch.nn.Module):
         def forward(self, obs):

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robot_wm.core.task import OBS_DIM, OBS_LAYOUT, SuccessTracker, TaskConfigError, TaskSpec, load_task
+from robot_wm.contracts import OBS_DIM, OBS_LAYOUT
+from robot_wm.core.task import SuccessTracker, TaskConfigError, TaskSpec, load_task
 
 
 def test_layout_covers_the_observation_once():
@@ -37,6 +38,9 @@ def test_load_task_reads_config():
         ("action_limit_radps", (1.0, 1.0, 1.0)),
         ("action_limit_radps", (1.0, 1.0, 1.0, 1.5, 1.5, 0.0)),
         ("success_hold_s", 4.0),  # not shorter than the episode
+        ("goal_bonus", -1.0),
+        ("goal_bonus_radius_m", 0.0),
+        ("action_cost", float("nan")),
     ],
 )
 def test_invalid_field_is_named(field, value):
@@ -74,13 +78,32 @@ def test_sample_goals_in_box_and_seeded():
     np.testing.assert_array_equal(goals, task.sample_goals(np.random.default_rng(1), 500))
 
 
-def test_reward_higher_nearer_the_goal_with_a_bonus_inside():
+def test_reward_higher_nearer_the_goal_with_a_bonus_near_it_and_a_cost_on_the_command():
     task = TaskSpec()
     goal = np.zeros(3)
     tools = np.array([[0.5, 0, 0], [0.1, 0, 0], [0.03, 0, 0], [0.01, 0, 0], [0.0, 0, 0]])
-    r = task.reward(tools, goal)
+    still = np.zeros((len(tools), 6))
+    r = task.reward(tools, goal, still)
     assert np.all(np.diff(r) > 0)
-    assert r[3] - r[2] > 0.9  # crossing into the success radius earns the bonus
+    np.testing.assert_allclose(r, -tools[:, 0] + task.goal_bonus * np.exp(-(tools[:, 0] / task.goal_bonus_radius_m) ** 2))
+    assert r[-1] == pytest.approx(task.goal_bonus)  # at the goal: the whole bonus
+    assert r[3] - r[1] > 0.5 * task.goal_bonus  # most of the bonus is earned near the goal
+    moving = task.reward(tools, goal, np.ones((len(tools), 6)))
+    np.testing.assert_allclose(r - moving, 6 * task.action_cost)
+
+
+def test_reward_is_one_definition_for_numpy_and_torch():
+    """The trainer evaluates the task's reward on torch tensors: same numbers, and differentiable."""
+    torch = pytest.importorskip("torch")
+    task = TaskSpec()
+    rng = np.random.default_rng(0)
+    tool, goal, action = rng.normal(size=(16, 3)) * 0.05, rng.normal(size=(16, 3)) * 0.05, rng.normal(size=(16, 6))
+    tool_t = torch.tensor(tool, requires_grad=True)
+    r_t = task.reward(tool_t, torch.tensor(goal), torch.tensor(action), xp=torch)
+    np.testing.assert_allclose(r_t.detach().numpy(), task.reward(tool, goal, action), rtol=1e-12)
+    r_t.sum().backward()
+    assert torch.isfinite(tool_t.grad).all() and tool_t.grad.abs().sum() > 0
+
 
 
 def _run(task: TaskSpec, inside: list[bool]) -> SuccessTracker:

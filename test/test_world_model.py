@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from robot_wm import description
+from robot_wm.contracts import world_model_signature
 from robot_wm.core.onnx_model import ModelError, load_model
 from robot_wm.core.task import load_task
 from robot_wm.core.world_model_runner import WorldModelInputError, WorldModelRunner
 from robot_wm.learning.config import ConfigError, load_section
 from robot_wm.learning.data import CollectConfig, collect
 from robot_wm.learning.world_model import (
-    INPUT_NAMES,
-    OUTPUT_NAMES,
     WorldModelConfig,
     export_world_model,
     load_checkpoint,
@@ -72,8 +71,9 @@ def test_training_reduces_the_holdout_loss_and_beats_constant_velocity(trained, 
 def test_onnx_matches_torch_for_several_batch_sizes(trained, exported):
     model = trained[0]
     onnx = load_model(exported, "world_model", JOINTS, TASK.control_dt_s)
-    assert [d["name"] for d in onnx.meta["inputs"]] == INPUT_NAMES
-    assert [d["name"] for d in onnx.meta["outputs"]] == OUTPUT_NAMES
+    contract = world_model_signature(model.action_history)
+    assert [(d["name"], d["shape"]) for d in onnx.meta["inputs"]] == [(t.name, list(t.shape)) for t in contract.inputs]
+    assert [(d["name"], d["shape"]) for d in onnx.meta["outputs"]] == [(t.name, list(t.shape)) for t in contract.outputs]
     assert onnx.meta["ensemble_size"] == 5 and onnx.meta["action_history"] == model.action_history
     assert len(onnx.meta["normalization"]["feature_mean"]) == model.n_features
     import onnx as onnx_lib
@@ -89,7 +89,7 @@ def test_onnx_matches_torch_for_several_batch_sizes(trained, exported):
         with torch.no_grad():
             expected = model(q, qd, act)
         got = onnx.run(q_rad=q.numpy(), qdot_radps=qd.numpy(), action_radps=act.numpy())
-        for name, ref in zip(OUTPUT_NAMES, expected):
+        for name, ref in zip(contract.output_names, expected):
             assert got[name].shape == tuple(ref.shape)
             np.testing.assert_allclose(got[name], ref.numpy(), atol=1e-5, rtol=0, err_msg=f"{name}, batch {b}")
 

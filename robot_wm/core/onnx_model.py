@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from robot_wm.contracts import Signature, signature_differences
+
 SIDECAR_FORMAT = "robot_wm-model/1"
 REQUIRED_KEYS = (
     "format", "model_kind", "version", "onnx_file", "sha256", "inputs", "outputs",
@@ -115,6 +117,17 @@ def _check_signature(kind: str, declared: list[dict], actual: list, path: Path) 
         got = [s if isinstance(s, int) else None for s in a.shape]
         if want != got:
             raise ModelError(f"{path.name}: {kind[:-1]} {a.name!r} has shape {a.shape}, the sidecar says {d['shape']}")
+
+
+def check_contract(model: OnnxModel, expected: Signature) -> None:
+    """Refuse a model whose sidecar signature is not the contract's (robot_wm.contracts).
+
+    Raises:
+        ModelError: naming the inputs or outputs that differ.
+    """
+    problems = signature_differences(model.meta["inputs"], model.meta["outputs"], expected)
+    if problems:
+        raise ModelError(f"{model.path.name}: not a {model.meta['model_kind']} graph of this arm: {'; '.join(problems)}")
 
 
 def load_model(

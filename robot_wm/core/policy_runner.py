@@ -1,9 +1,9 @@
 """Policy runners: the learned ONNX policy and the scripted baseline behind one ``act(obs)`` call.
 
-Both take observations in the task's layout (``robot_wm.core.task.OBS_LAYOUT``, raw units:
-``[q rad (6), qdot rad/s (6), tool position m (3), goal m (3)]``) and return joint velocity
-commands in rad/s, one row per observation row, so the evaluator and the policy node treat them
-alike.
+Both take observations in the shared layout (``robot_wm.contracts.OBS_LAYOUT``, raw units:
+``[q rad, qdot rad/s, tool position m (3), goal m (3)]``) and return joint velocity commands in
+rad/s, one row per observation row, so the evaluator and the policy node treat them alike. The
+graph's input and output are ``robot_wm.contracts.policy_signature()``.
 
 Output contract of :meth:`PolicyRunner.act` (the safety filter downstream is still the last gate):
 
@@ -24,12 +24,17 @@ from typing import Protocol
 
 import numpy as np
 
-from robot_wm.core.onnx_model import ModelError, load_model
-from robot_wm.core.task import OBS_DIM, OBS_LAYOUT
-
-N_JOINTS = 6
-OBS_INPUT = "obs"
-ACTION_OUTPUT = "action_radps"
+from robot_wm.contracts import (
+    N_JOINTS,
+    OBS_DIM,
+    OBS_LAYOUT,
+    POLICY_ACTION,
+    POLICY_KIND,
+    POLICY_OBS,
+    layout_json,
+    policy_signature,
+)
+from robot_wm.core.onnx_model import ModelError, check_contract, load_model
 
 
 class PolicyOutputError(RuntimeError):
@@ -37,30 +42,25 @@ class PolicyOutputError(RuntimeError):
 
 
 class Policy(Protocol):
-    """Anything the evaluator can drive: ``act`` maps observations (n, 18) to actions (n, 6), rad/s."""
+    """Anything the evaluator can drive: ``act`` maps observations (n, OBS_DIM) to actions (n, N_JOINTS), rad/s."""
 
     name: str
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Return joint velocity commands for one observation (18,) or a batch (n, 18)."""
+        """Return joint velocity commands for one observation (OBS_DIM,) or a batch (n, OBS_DIM)."""
         ...
-
-
-def obs_layout_json() -> dict[str, list[int]]:
-    """Return OBS_LAYOUT as the sidecar stores it: ``{block: [start, stop]}``."""
-    return {name: [s.start, s.stop] for name, s in OBS_LAYOUT.items()}
 
 
 def make_obs(q_rad: np.ndarray, qdot_radps: np.ndarray, tool_m: np.ndarray, goal_m: np.ndarray) -> np.ndarray:
     """Build observations in OBS_LAYOUT order from their parts (one (…,k) array per block).
 
     Args:
-        q_rad: joint positions, (6,) or (n, 6).
-        qdot_radps: joint velocities, (6,) or (n, 6).
+        q_rad: joint positions, (N_JOINTS,) or (n, N_JOINTS).
+        qdot_radps: joint velocities, (N_JOINTS,) or (n, N_JOINTS).
         tool_m: tool position in the base frame, (3,) or (n, 3).
         goal_m: goal position in the base frame, (3,) or (n, 3); a single goal broadcasts over a batch.
     Returns:
-        float64 array (18,) or (n, 18).
+        float64 array (OBS_DIM,) or (n, OBS_DIM).
     Raises:
         ValueError: a part has the wrong last dimension or the batch sizes disagree.
     """
@@ -82,7 +82,7 @@ def make_obs(q_rad: np.ndarray, qdot_radps: np.ndarray, tool_m: np.ndarray, goal
 
 
 def check_obs(obs: np.ndarray, who: str = "policy") -> tuple[np.ndarray, bool]:
-    """Validate observations; return them as a float (n, 18) array and whether the input was a single row.
+    """Validate observations; return them as a float (n, OBS_DIM) array and whether the input was a single row.
 
     Raises:
         ValueError: wrong shape, or NaN/Inf (naming the rows and OBS_LAYOUT blocks affected).
@@ -114,7 +114,7 @@ class PolicyRunner:
         onnx_path: the policy graph; its sidecar is the .json next to it.
         joint_names: the robot's joint order (must match the sidecar's).
         dt_s: the control period the runner is called at (must match the sidecar's).
-        action_limit_radps: per-joint limits the output is clipped to (6 values, rad/s); default the
+        action_limit_radps: per-joint limits the output is clipped to (rad/s, one per joint); default the
             sidecar's ``extra.action_limit_radps``. Given both, the tighter limit of each joint applies.
     Raises:
         ModelError: missing/corrupt model or sidecar, wrong kind, joint order, period, graph signature,
@@ -128,13 +128,13 @@ class PolicyRunner:
         dt_s: float,
         action_limit_radps: np.ndarray | list[float] | tuple[float, ...] | None = None,
     ) -> None:
-        self.model = load_model(Path(onnx_path), kind="policy", joint_names=joint_names, dt_s=dt_s)
+        self.model = load_model(Path(onnx_path), kind=POLICY_KIND, joint_names=joint_names, dt_s=dt_s)
         meta = self.model.meta
         name = self.model.path.name
-        self._check_io(meta, name)
+        check_contract(self.model, policy_signature())
         layout = meta.get("obs_layout")
-        if layout is not None and layout != obs_layout_json():
-            raise ModelError(f"{name}: sidecar obs_layout {layout} differs from the task's {obs_layout_json()}")
+        if layout is not None and layout != layout_json(OBS_LAYOUT):
+            raise ModelError(f"{name}: sidecar obs_layout {layout} differs from the contract's {layout_json(OBS_LAYOUT)}")
         limits = [_limits(action_limit_radps, "action_limit_radps")] if action_limit_radps is not None else []
         if meta.get("action_limit_radps") is not None:
             try:
@@ -147,29 +147,20 @@ class PolicyRunner:
         self.clipped_count = 0
         self.name = f"{name} v{self.model.version}"
 
-    @staticmethod
-    def _check_io(meta: dict, name: str) -> None:
-        ins = {d["name"]: d["shape"] for d in meta["inputs"]}
-        outs = {d["name"]: d["shape"] for d in meta["outputs"]}
-        if list(ins) != [OBS_INPUT] or list(ins[OBS_INPUT])[1:] != [OBS_DIM]:
-            raise ModelError(f"{name}: inputs {ins}, expected {{'{OBS_INPUT}': ['batch', {OBS_DIM}]}}")
-        if list(outs) != [ACTION_OUTPUT] or list(outs[ACTION_OUTPUT])[1:] != [N_JOINTS]:
-            raise ModelError(f"{name}: outputs {outs}, expected {{'{ACTION_OUTPUT}': ['batch', {N_JOINTS}]}}")
-
     @property
     def version(self) -> str:
         """The model's version (from its sidecar)."""
         return self.model.version
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Return joint velocity commands (rad/s) for obs (18,) → (6,) or (n, 18) → (n, 6).
+        """Return joint velocity commands (rad/s) for obs (OBS_DIM,) → (N_JOINTS,) or (n, OBS_DIM) → (n, N_JOINTS).
 
         Raises:
             ValueError: obs has the wrong shape or is not finite.
             PolicyOutputError: the graph produced NaN/Inf (see the module docstring).
         """
         x, single = check_obs(obs, who=self.model.path.name)
-        out = self.model.run(**{OBS_INPUT: x})[ACTION_OUTPUT]
+        out = self.model.run(**{POLICY_OBS: x})[POLICY_ACTION]
         if out.shape != (x.shape[0], N_JOINTS):
             raise PolicyOutputError(f"{self.model.path.name}: output has shape {out.shape}, "
                                     f"expected ({x.shape[0]}, {N_JOINTS})")
@@ -214,7 +205,7 @@ class ScriptedPolicy:
         return cls(DlsReacher(kin, description.initial_positions(names), limits), limits)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Return joint velocity commands (rad/s) for obs (18,) → (6,) or (n, 18) → (n, 6)."""
+        """Return joint velocity commands (rad/s) for obs (OBS_DIM,) → (N_JOINTS,) or (n, OBS_DIM) → (n, N_JOINTS)."""
         x, single = check_obs(obs, who=self.name)
         q, goal = x[:, OBS_LAYOUT["q_rad"]], x[:, OBS_LAYOUT["goal_m"]]
         out = np.clip(self.reacher.batch(q, goal), -self.action_limit_radps, self.action_limit_radps)

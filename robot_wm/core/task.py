@@ -2,8 +2,12 @@
 
 A goal is a tool position in a reachable box above the table (base frame). An episode succeeds
 when the tool stays within ``success_radius_m`` of the goal for ``success_hold_s`` within
-``episode_s``. Observations are ``[q (6), qdot (6), tool position (3), goal (3)]``; actions are
-joint velocity commands, one per control period, within ``action_limit_radps``.
+``episode_s``. Observations are ``robot_wm.contracts.OBS_LAYOUT`` (q, qdot, tool position, goal);
+actions are joint velocity commands, one per control period, within ``action_limit_radps``.
+
+The reward (``TaskSpec.reward``) is the one the policy is trained on: it is written once, over an
+array module, so the imagination trainer evaluates it on torch tensors (differentiably) and
+numpy callers on arrays, with the same operations.
 """
 from __future__ import annotations
 
@@ -12,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-OBS_DIM = 18  # q, qdot, tool position, goal
-OBS_LAYOUT = {"q_rad": slice(0, 6), "qdot_radps": slice(6, 12), "tool_m": slice(12, 15), "goal_m": slice(15, 18)}
+from robot_wm.contracts import N_JOINTS
 
 
 class TaskConfigError(ValueError):
@@ -32,14 +35,22 @@ class TaskSpec:
     goal_box_max_m: tuple[float, float, float] = (-0.30, 0.20, 0.50)
     start_noise_rad: float = 0.15
     action_limit_radps: tuple[float, ...] = (1.0, 1.0, 1.0, 1.5, 1.5, 1.5)
+    goal_bonus: float = 0.5  # reward per period at the goal, fading as exp(-(d / goal_bonus_radius_m)^2)
+    goal_bonus_radius_m: float = 0.03
+    action_cost: float = 0.002  # reward penalty per (rad/s)^2 of the command, summed over joints
 
     def __post_init__(self) -> None:
         for name in ("control_dt_s", "episode_s", "success_radius_m", "success_hold_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
                 raise TaskConfigError(f"task.{name}={value!r}: expected a positive number")
-        if self.start_noise_rad < 0:
-            raise TaskConfigError(f"task.start_noise_rad={self.start_noise_rad!r}: expected >= 0")
+        for name in ("start_noise_rad", "goal_bonus", "action_cost"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise TaskConfigError(f"task.{name}={value!r}: expected a number >= 0")
+        if not (isinstance(self.goal_bonus_radius_m, (int, float)) and np.isfinite(self.goal_bonus_radius_m)
+                and self.goal_bonus_radius_m > 0):
+            raise TaskConfigError(f"task.goal_bonus_radius_m={self.goal_bonus_radius_m!r}: expected a positive number")
         lo, hi = np.asarray(self.goal_box_min_m, float), np.asarray(self.goal_box_max_m, float)
         if lo.shape != (3,) or hi.shape != (3,):
             raise TaskConfigError(f"task.goal_box_min_m/max_m: expected 3 numbers each, got {self.goal_box_min_m}, {self.goal_box_max_m}")
@@ -48,8 +59,9 @@ class TaskSpec:
         if lo[2] <= 0:
             raise TaskConfigError(f"task.goal_box_min_m z={lo[2]}: goals must be above the table (z > 0)")
         limits = np.asarray(self.action_limit_radps, float)
-        if limits.shape != (6,) or np.any(limits <= 0) or not np.all(np.isfinite(limits)):
-            raise TaskConfigError(f"task.action_limit_radps={self.action_limit_radps!r}: expected 6 positive numbers")
+        if limits.shape != (N_JOINTS,) or np.any(limits <= 0) or not np.all(np.isfinite(limits)):
+            raise TaskConfigError(f"task.action_limit_radps={self.action_limit_radps!r}: "
+                                  f"expected {N_JOINTS} positive numbers (one per joint)")
         if self.success_hold_s >= self.episode_s:
             raise TaskConfigError(f"task.success_hold_s={self.success_hold_s} must be shorter than episode_s={self.episode_s}")
 
@@ -67,10 +79,35 @@ class TaskSpec:
         """Return ``n`` goals (n x 3, m) uniform in the goal box."""
         return rng.uniform(self.goal_box_min_m, self.goal_box_max_m, size=(n, 3))
 
-    def reward(self, tool_m: np.ndarray, goal_m: np.ndarray) -> np.ndarray:
-        """Dense reward: minus the distance (m), plus a bonus of 1 per step inside the success radius."""
-        dist = np.linalg.norm(np.asarray(tool_m) - np.asarray(goal_m), axis=-1)
-        return -dist + (dist < self.success_radius_m).astype(float)
+    def distance_m(self, tool_m, goal_m, xp=np):
+        """Tool-to-goal distance (m) per row: what success, reward and evaluation measure.
+
+        Args:
+            tool_m, goal_m: (..., 3) positions in the base frame; ``xp`` arrays (a goal broadcasts).
+            xp: the array module (numpy, or torch for differentiable tensors).
+        """
+        return xp.linalg.norm(tool_m - goal_m, axis=-1)
+
+    def reward(self, tool_m, goal_m, action_radps, xp=np):
+        """The reward of one control period, per row: the only definition (the trainer uses it too).
+
+        ``-d + goal_bonus * exp(-(d / goal_bonus_radius_m)^2) - action_cost * |a|^2``, with d the
+        tool-to-goal distance after the period and a the command sent during it: closer is better
+        everywhere, a smooth bonus near the goal (differentiable, unlike a step at the success
+        radius), and a small cost on the command.
+
+        Args:
+            tool_m, goal_m: (..., 3) tool position after the period and goal (m, base frame).
+            action_radps: (..., N_JOINTS) the command of the period (rad/s).
+            xp: the array module of the arguments (numpy by default; torch in the trainer).
+        Returns:
+            (...) rewards, an ``xp`` array.
+        """
+        if xp is np:
+            tool_m, goal_m, action_radps = (np.asarray(a, dtype=float) for a in (tool_m, goal_m, action_radps))
+        dist = self.distance_m(tool_m, goal_m, xp)
+        return (-dist + self.goal_bonus * xp.exp(-(dist / self.goal_bonus_radius_m) ** 2)
+                - self.action_cost * (action_radps**2).sum(axis=-1))
 
     @classmethod
     def from_mapping(cls, data: dict, source: str = "task") -> "TaskSpec":
@@ -112,7 +149,7 @@ class SuccessTracker:
 
     def update(self, step: int, tool_m: np.ndarray, goal_m: np.ndarray) -> np.ndarray:
         """Record one period; return the per-episode distance (m)."""
-        dist = np.linalg.norm(tool_m - goal_m, axis=-1)
+        dist = self.task.distance_m(tool_m, goal_m)
         inside = dist < self.task.success_radius_m
         self.inside_steps = np.where(inside, self.inside_steps + 1, 0)
         entered = inside & (self.inside_steps == 1)

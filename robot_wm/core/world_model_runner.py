@@ -1,11 +1,11 @@
 """Run the exported world model (ONNX) on the hot path: one-step predictions and linearizations.
 
-numpy + onnxruntime only (no torch, no rclpy). The graph and its sidecar are described in
-``robot_wm.learning.world_model.export_world_model``: inputs ``q_rad`` [B, 6], ``qdot_radps``
-[B, 6], ``action_radps`` [B, H, 6] (oldest first, last row = the command of this period) and,
-for models trained with a qdot history, ``qdot_history_radps`` [B, K, 6]; outputs the ensemble
-mean ``next_q_rad``, ``next_qdot_radps`` and ``epistemic_var`` / ``aleatoric_var`` [B, 12]
-in (q, qdot) order.
+numpy + onnxruntime only (no torch, no rclpy). The graph is
+``robot_wm.contracts.world_model_signature(H, K)``: inputs ``q_rad`` [B, N], ``qdot_radps``
+[B, N], ``action_radps`` [B, H, N] (oldest first, last row = the command of this period) and,
+for models trained with a qdot history, ``qdot_history_radps`` [B, K, N]; outputs the ensemble
+mean ``next_q_rad``, ``next_qdot_radps`` and ``epistemic_var`` / ``aleatoric_var`` [B, 2N]
+in STATE_LAYOUT (q, qdot) order (N = N_JOINTS).
 
 The runner keeps the history of commands actually sent (``commit``), so callers pass only the
 current state and the candidate command. Typical use, once per control period::
@@ -21,11 +21,20 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_wm.core.onnx_model import ModelError, OnnxModel, load_model
-
-N_JOINTS = 6
-STATE_DIM = 2 * N_JOINTS
-MODEL_KIND = "world_model"
+from robot_wm.contracts import (
+    N_JOINTS,
+    WM_ACTIONS,
+    WM_ALEATORIC_VAR,
+    WM_EPISTEMIC_VAR,
+    WM_NEXT_Q,
+    WM_NEXT_QDOT,
+    WM_Q,
+    WM_QDOT,
+    WM_QDOT_HISTORY,
+    WORLD_MODEL_KIND,
+    world_model_signature,
+)
+from robot_wm.core.onnx_model import ModelError, OnnxModel, check_contract, load_model
 
 
 class WorldModelInputError(ValueError):
@@ -36,24 +45,24 @@ class WorldModelInputError(ValueError):
 class Prediction:
     """Predicted measured state one control period ahead, with its uncertainty (physical units).
 
-    Stds are 12-vectors in (q_rad, qdot_radps) order: ``epistemic_std`` is the ensemble's
+    Stds are state vectors in STATE_LAYOUT (q_rad, qdot_radps) order: ``epistemic_std`` is the ensemble's
     disagreement (large where the model has not seen such data), ``aleatoric_std`` the noise
     the model expects even where it knows.
     """
 
-    next_q_rad: np.ndarray  # (6,)
-    next_qdot_radps: np.ndarray  # (6,)
-    epistemic_std: np.ndarray  # (12,)
-    aleatoric_std: np.ndarray  # (12,)
+    next_q_rad: np.ndarray  # (N_JOINTS,)
+    next_qdot_radps: np.ndarray  # (N_JOINTS,)
+    epistemic_std: np.ndarray  # (STATE_DIM,)
+    aleatoric_std: np.ndarray  # (STATE_DIM,)
 
     @property
     def next_state(self) -> np.ndarray:
-        """(next_q_rad, next_qdot_radps) as one 12-vector."""
+        """(next_q_rad, next_qdot_radps) as one state vector (STATE_LAYOUT)."""
         return np.concatenate([self.next_q_rad, self.next_qdot_radps])
 
     @property
     def total_std(self) -> np.ndarray:
-        """Predictive std: sqrt(epistemic² + aleatoric²), (12,)."""
+        """Predictive std: sqrt(epistemic² + aleatoric²), (STATE_DIM,)."""
         return np.sqrt(self.epistemic_std**2 + self.aleatoric_std**2)
 
 
@@ -61,14 +70,14 @@ class Prediction:
 class BatchPrediction:
     """Predictions for a batch (row i = input row i); arrays as in Prediction with a leading B."""
 
-    next_q_rad: np.ndarray  # (B, 6)
-    next_qdot_radps: np.ndarray  # (B, 6)
-    epistemic_var: np.ndarray  # (B, 12)
-    aleatoric_var: np.ndarray  # (B, 12)
+    next_q_rad: np.ndarray  # (B, N_JOINTS)
+    next_qdot_radps: np.ndarray  # (B, N_JOINTS)
+    epistemic_var: np.ndarray  # (B, STATE_DIM)
+    aleatoric_var: np.ndarray  # (B, STATE_DIM)
 
     @property
     def next_state(self) -> np.ndarray:
-        """(B, 12) next states."""
+        """(B, STATE_DIM) next states (STATE_LAYOUT)."""
         return np.concatenate([self.next_q_rad, self.next_qdot_radps], axis=-1)
 
 
@@ -97,19 +106,16 @@ class WorldModelRunner:
     def __init__(
         self, onnx_path: Path, joint_names: tuple[str, ...] | list[str], dt_s: float, fd_step_radps: float = 1e-2
     ) -> None:
-        self.model: OnnxModel = load_model(onnx_path, MODEL_KIND, joint_names, dt_s)
-        meta = self.model.meta
-        inputs = {d["name"]: d["shape"] for d in meta["inputs"]}
-        outputs = [d["name"] for d in meta["outputs"]]
-        expected_out = ["next_q_rad", "next_qdot_radps", "epistemic_var", "aleatoric_var"]
-        if outputs != expected_out:
-            raise ModelError(f"{Path(onnx_path).name}: outputs {outputs}, a world model has {expected_out}")
-        shape = inputs.get("action_radps")
-        if not (isinstance(shape, list) and len(shape) == 3 and isinstance(shape[1], int) and shape[2] == N_JOINTS):
-            raise ModelError(f"{Path(onnx_path).name}: input 'action_radps' has shape {shape}, expected [batch, H, 6]")
-        self.action_history_length = int(shape[1])
-        k_shape = inputs.get("qdot_history_radps")
-        self.qdot_history_length = int(k_shape[1]) if k_shape else 0
+        self.model: OnnxModel = load_model(onnx_path, WORLD_MODEL_KIND, joint_names, dt_s)
+        inputs = {d["name"]: d["shape"] for d in self.model.meta["inputs"]}
+        # the history lengths H and K are the model's own; everything else is the contract's
+        h_shape, k_shape = inputs.get(WM_ACTIONS), inputs.get(WM_QDOT_HISTORY)
+        if not (isinstance(h_shape, list) and len(h_shape) == 3 and isinstance(h_shape[1], int) and h_shape[1] >= 1):
+            raise ModelError(f"{Path(onnx_path).name}: input {WM_ACTIONS!r} has shape {h_shape}, "
+                             f"expected [batch, H, {N_JOINTS}]")
+        self.action_history_length = int(h_shape[1])
+        self.qdot_history_length = k_shape[1] if isinstance(k_shape, list) and len(k_shape) == 3 and isinstance(k_shape[1], int) else 0
+        check_contract(self.model, world_model_signature(self.action_history_length, self.qdot_history_length))
         if not (np.isfinite(fd_step_radps) and fd_step_radps > 0):
             raise ValueError(f"fd_step_radps={fd_step_radps!r}: expected a positive number")
         self.fd_step_radps = float(fd_step_radps)
@@ -124,16 +130,16 @@ class WorldModelRunner:
 
     @property
     def action_history(self) -> np.ndarray:
-        """The H-1 most recent committed commands, oldest first, (H-1, 6) (a copy)."""
+        """The H-1 most recent committed commands, oldest first, (H-1, N_JOINTS) (a copy)."""
         return self._actions.copy()
 
     @property
     def qdot_history(self) -> np.ndarray:
-        """The K most recent committed measured qdot, oldest first, (K, 6) (a copy; K = 0 for most models)."""
+        """The K most recent committed measured qdot, oldest first, (K, N_JOINTS) (a copy; K = 0 for most models)."""
         return self._qdots.copy()
 
     def reset(self, action_history: np.ndarray | None = None, qdot_history: np.ndarray | None = None) -> None:
-        """Forget the history: zeros (an arm at rest with a zero command), or the given (H-1, 6) / (K, 6)."""
+        """Forget the history: zeros (an arm at rest with a zero command), or the given (H-1, N) / (K, N)."""
         h, k = self.action_history_length - 1, self.qdot_history_length
         self._actions = np.zeros((h, N_JOINTS))
         self._qdots = np.zeros((k, N_JOINTS))
@@ -164,8 +170,8 @@ class WorldModelRunner:
         """Predict the measured state after sending ``action_radps`` now.
 
         Args:
-            q_rad, qdot_radps: measured state now, (6,) each, joint order.
-            action_radps: the command of this period, (6,).
+            q_rad, qdot_radps: measured state now, (N_JOINTS,) each, joint order.
+            action_radps: the command of this period, (N_JOINTS,).
             commit: record ``action_radps`` as sent (the default; use False for what-if queries).
         Returns:
             The prediction for the next control period.
@@ -183,12 +189,12 @@ class WorldModelRunner:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Next-state mean and its Jacobian w.r.t. the current command, in ONE batched call.
 
-        Central differences with step ``fd_step_radps`` on each command component (batch 13).
+        Central differences with step ``fd_step_radps`` on each command component (a batch of 1 + 2 N_JOINTS).
         The history is read, not changed.
 
         Returns:
-            f0 (12,): predicted next (q, qdot) at the nominal command;
-            B (12, 6): d next_state / d action, so next_state ≈ f0 + B (u − u_nominal).
+            f0 (STATE_DIM,): predicted next (q, qdot) at the nominal command;
+            B (STATE_DIM, N_JOINTS): d next_state / d action, so next_state ≈ f0 + B (u − u_nominal).
         """
         f0, jac, _ = self.linearize_with_std(q_rad, qdot_radps, action_nominal_radps)
         return f0, jac
@@ -202,14 +208,14 @@ class WorldModelRunner:
         inference for its κσ margins.
 
         Returns:
-            f0 (12,), B (12, 6) as :meth:`linearize`; total_std (12,): sqrt(epistemic² + aleatoric²)
+            f0, B as :meth:`linearize`; total_std (STATE_DIM,): sqrt(epistemic² + aleatoric²)
             at the nominal command (= ``predict(..., commit=False).total_std``).
         """
         q, qd = _vector("q_rad", q_rad), _vector("qdot_radps", qdot_radps)
         a = _vector("action_nominal_radps", action_nominal_radps)
         eps = self.fd_step_radps
         delta = np.vstack([np.zeros(N_JOINTS), eps * np.eye(N_JOINTS), -eps * np.eye(N_JOINTS)])
-        actions = a[None] + delta  # (13, 6)
+        actions = a[None] + delta  # (1 + 2 N_JOINTS, N_JOINTS)
         n = actions.shape[0]
         qdots = np.repeat(self._qdots[None], n, 0) if self.qdot_history_length else None
         out = self.predict_batch(np.repeat(q[None], n, 0), np.repeat(qd[None], n, 0), self._window(actions), qdots)
@@ -228,31 +234,31 @@ class WorldModelRunner:
         """Stateless batched prediction with explicit histories (evaluation, what-if queries).
 
         Args:
-            q_rad, qdot_radps: (B, 6) each.
-            action_radps: (B, H, 6) commands, oldest first, last row = the current one.
-            qdot_history_radps: (B, K, 6) previous measured qdot (models with K > 0 only).
+            q_rad, qdot_radps: (B, N_JOINTS) each.
+            action_radps: (B, H, N_JOINTS) commands, oldest first, last row = the current one.
+            qdot_history_radps: (B, K, N_JOINTS) previous measured qdot (models with K > 0 only).
         """
         q, qd, a = (np.asarray(x, dtype=np.float64) for x in (q_rad, qdot_radps, action_radps))
         b = q.shape[0] if q.ndim == 2 else -1
         h, k = self.action_history_length, self.qdot_history_length
-        checks = [("q_rad", q, (b, N_JOINTS)), ("qdot_radps", qd, (b, N_JOINTS)), ("action_radps", a, (b, h, N_JOINTS))]
-        feeds = {"q_rad": q, "qdot_radps": qd, "action_radps": a}
+        checks = [(WM_Q, q, (b, N_JOINTS)), (WM_QDOT, qd, (b, N_JOINTS)), (WM_ACTIONS, a, (b, h, N_JOINTS))]
+        feeds = {WM_Q: q, WM_QDOT: qd, WM_ACTIONS: a}
         if k:
             if qdot_history_radps is None:
-                raise WorldModelInputError(f"qdot_history_radps: this model needs (B, {k}, {N_JOINTS})")
+                raise WorldModelInputError(f"{WM_QDOT_HISTORY}: this model needs (B, {k}, {N_JOINTS})")
             qh = np.asarray(qdot_history_radps, dtype=np.float64)
-            checks.append(("qdot_history_radps", qh, (b, k, N_JOINTS)))
-            feeds["qdot_history_radps"] = qh
+            checks.append((WM_QDOT_HISTORY, qh, (b, k, N_JOINTS)))
+            feeds[WM_QDOT_HISTORY] = qh
         for name, arr, shape in checks:
             if b < 1 or arr.shape != shape:
-                expected = shape if b >= 1 else "(B >= 1, 6)"
+                expected = shape if b >= 1 else f"(B >= 1, {N_JOINTS})"
                 raise WorldModelInputError(f"{name} has shape {arr.shape}: expected {expected}")
             if not np.all(np.isfinite(arr)):
                 raise WorldModelInputError(f"{name} contains NaN or Inf")
         out = self.model.run(**feeds)
-        return BatchPrediction(out["next_q_rad"], out["next_qdot_radps"], out["epistemic_var"], out["aleatoric_var"])
+        return BatchPrediction(out[WM_NEXT_Q], out[WM_NEXT_QDOT], out[WM_EPISTEMIC_VAR], out[WM_ALEATORIC_VAR])
 
     def _window(self, actions: np.ndarray) -> np.ndarray:
-        """(B, 6) current commands -> (B, H, 6) with the committed history in front."""
+        """(B, N) current commands -> (B, H, N) with the committed history in front."""
         past = np.repeat(self._actions[None], actions.shape[0], 0)
         return np.concatenate([past, actions[:, None, :]], axis=1)

@@ -2,11 +2,11 @@
 
 A dataset is a set of equal-length episodes sampled at the control period:
 
-    q_rad        (E, T+1, 6)  measured joint positions (what the robot's sensors report)
-    qdot_radps   (E, T+1, 6)  measured joint velocities
-    action_radps (E, T, 6)    joint velocity command sent during period t
+    q_rad        (E, T+1, N)  measured joint positions (what the robot's sensors report)
+    qdot_radps   (E, T+1, N)  measured joint velocities
+    action_radps (E, T, N)    joint velocity command sent during period t
     tool_m       (E, T+1, 3)  tool position in the base frame (from the URDF kinematics of q)
-    + joint_names, dt_s, a profile name per episode, and free-form provenance
+    + joint_names (N of them, in their order), dt_s, a profile name per episode, and free-form provenance
 
 stored as one compressed .npz. ``Dataset.sha256`` hashes the arrays, so a model's sidecar can name
 exactly the data it was trained on. A rosbag2 recording of /joint_states and the command topic is
@@ -218,7 +218,7 @@ def collect(cfg: CollectConfig, task, randomization: dict | None = None, progres
         goals = rng.uniform(np.asarray(task.goal_box_min_m) - 0.1, np.asarray(task.goal_box_max_m) + 0.1, (cfg.n_envs, 3))
         goals[:, 2] = np.maximum(goals[:, 2], 0.08)
         use_reacher = rng.random(cfg.n_envs) < cfg.reacher_fraction
-        ou = np.zeros((cfg.n_envs, 6))
+        ou = np.zeros((cfg.n_envs, len(names)))
         scale = rng.uniform(0.2, 1.0, (cfg.n_envs, 1)) * v_lim
         q, qd, act, tool = [obs.q_rad], [obs.qdot_radps], [], [obs.tool_position_m]
         dt = task.control_dt_s
@@ -228,7 +228,7 @@ def collect(cfg: CollectConfig, task, randomization: dict | None = None, progres
             if step % 50 == 0:  # reacher episodes get a fresh goal now and then: more varied motion
                 fresh = rng.random(cfg.n_envs) < 0.3
                 goals[fresh] = task.sample_goals(rng, int(fresh.sum()))
-            expert = reacher.batch(obs.q_rad, goals) + cfg.reacher_noise_radps * rng.standard_normal((cfg.n_envs, 6))
+            expert = reacher.batch(obs.q_rad, goals) + cfg.reacher_noise_radps * rng.standard_normal((cfg.n_envs, len(names)))
             action = np.clip(np.where(use_reacher[:, None], expert, random_cmd), -v_lim, v_lim)
             obs = env.step(action)
             q.append(obs.q_rad); qd.append(obs.qdot_radps); act.append(action); tool.append(obs.tool_position_m)
@@ -246,7 +246,7 @@ def _sample_starts(rng: np.random.Generator, kin, q_home: np.ndarray, spread: fl
     """Start configurations around home whose tool and wrist stay above the table."""
     starts = []
     while len(starts) < n:
-        q = q_home + rng.uniform(-spread, spread, 6)
+        q = q_home + rng.uniform(-spread, spread, len(q_home))
         if kin.tool_position_m(q)[2] > 0.12 and kin.frame_pose(q, "wrist_1_link").translation[2] > 0.15:
             starts.append(q)
     return np.array(starts)

@@ -37,7 +37,7 @@ DEFAULT_EPISODES = 64
 class Episodes:
     """The episodes of one evaluation: start configurations, goals and the simulator's noise seed."""
 
-    q0_rad: np.ndarray  # (n, 6)
+    q0_rad: np.ndarray  # (n, N_JOINTS)
     goal_m: np.ndarray  # (n, 3)
     sim_seed: int  # environment i draws its sensor noise from seed sim_seed + i
 
@@ -119,12 +119,12 @@ def evaluate(
     """Run ``policy`` closed loop on the simulator for ``episodes`` episodes; deterministic for a seed.
 
     Args:
-        policy: anything with ``act(obs (n, 18)) -> (n, 6) rad/s`` and a ``name``.
+        policy: anything with ``act(obs (n, OBS_DIM)) -> (n, N_JOINTS) rad/s`` and a ``name``.
         profile: simulator dynamics profile: "nominal", "real_twin", a YAML path or a DynamicsProfile.
         episodes: number of episodes.
         seed: selects the episodes (see ``make_episodes``).
         task: the task (default config/task.yaml).
-        batch: True steps all episodes together in one VecArmSim (the policy sees (n, 18) batches);
+        batch: True steps all episodes together in one VecArmSim (the policy sees (n, OBS_DIM) batches);
             False runs them one at a time (same episodes, same noise streams; for policies that
             cannot batch).
         progress: show a tqdm progress bar on stderr.
@@ -176,9 +176,9 @@ def _run_chunk(policy, profile, kin, task: TaskSpec, q0: np.ndarray, goals: np.n
     for step in range(task.episode_steps):
         tool_measured = np.stack([kin.tool_position_m(q) for q in o.q_rad])  # what the robot itself can know
         action = np.asarray(policy.act(make_obs(o.q_rad, o.qdot_radps, tool_measured, goals)), dtype=float)
-        if action.shape != (n, 6):
+        if action.shape != (n, len(kin.joint_names)):
             raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned shape {action.shape}: "
-                             f"expected ({n}, 6)")
+                             f"expected ({n}, {len(kin.joint_names)})")
         if not np.all(np.isfinite(action)):
             raise PolicyOutputError(f"policy {getattr(policy, 'name', policy)!r} returned NaN/Inf at step {step}")
         o = env.step(action)
@@ -186,7 +186,7 @@ def _run_chunk(policy, profile, kin, task: TaskSpec, q0: np.ndarray, goals: np.n
         peak = np.maximum(peak, np.linalg.norm(o.tool_position_m - tool_prev, axis=1) / dt)
         tool_prev = o.tool_position_m
         bar.update(n)
-    final = np.linalg.norm(o.tool_position_m - goals, axis=1)
+    final = task.distance_m(o.tool_position_m, goals)
     ttg = np.where(tracker.success, (tracker.first_inside_step + 1) * dt, np.nan)
     return tracker.success.copy(), final, ttg, peak
 

@@ -1,4 +1,9 @@
-"""Export torch networks to ONNX with the JSON sidecar robot_wm.core.onnx_model validates."""
+"""Export torch networks to ONNX with the JSON sidecar robot_wm.core.onnx_model validates.
+
+The graphs' input and output names and shapes are the contracts' (``robot_wm.contracts``
+``policy_signature`` / ``world_model_signature``): the example inputs are built from them and the
+sidecar is refused if the exported graph does not match them.
+"""
 from __future__ import annotations
 
 import json
@@ -8,10 +13,16 @@ from typing import Any
 
 import torch
 
+from robot_wm.contracts import BATCH, Signature, signature_differences
 from robot_wm.core.onnx_model import SIDECAR_FORMAT, sha256_file, sidecar_path
 from robot_wm.learning.provenance import command_line
 
 OPSET = 18
+
+
+def example_inputs(signature: Signature, batch: int) -> tuple[torch.Tensor, ...]:
+    """Zero tensors shaped like ``signature``'s inputs, with ``batch`` rows (the export's example)."""
+    return tuple(torch.zeros(*(batch if d == BATCH else d for d in t.shape)) for t in signature.inputs)
 
 
 def export_onnx(
@@ -44,11 +55,15 @@ def write_sidecar(
     training_data_sha256: str,
     training_command: str | None = None,
     extra: dict[str, Any] | None = None,
+    signature: Signature | None = None,
 ) -> Path:
     """Write ``<model>.json`` next to ``onnx_path`` describing the graph and its provenance.
 
     Inputs/outputs (names, shapes) are read from the exported graph through onnxruntime, so the
     sidecar cannot disagree with the file it describes.
+
+    Raises:
+        ValueError: the graph does not have ``signature`` (the contract), when one is given.
     """
     import onnx
     import onnxruntime
@@ -58,20 +73,25 @@ def write_sidecar(
     onnx_path = Path(onnx_path)
     session = make_session(onnx_path)  # the signature as the runtime (and load_model) will see it
 
-    def signature(values) -> list[dict[str, Any]]:
-        return [{"name": v.name, "shape": [d if isinstance(d, int) else "batch" for d in v.shape], "dtype": "float32"}
+    def describe(values) -> list[dict[str, Any]]:
+        return [{"name": v.name, "shape": [d if isinstance(d, int) else BATCH for d in v.shape], "dtype": "float32"}
                 for v in values]
 
     from robot_wm import __version__
 
+    inputs, outputs = describe(session.get_inputs()), describe(session.get_outputs())
+    if signature is not None:
+        problems = signature_differences(inputs, outputs, signature)
+        if problems:
+            raise ValueError(f"{onnx_path.name}: the exported graph breaks its contract: {'; '.join(problems)}")
     meta = {
         "format": SIDECAR_FORMAT,
         "model_kind": model_kind,
         "version": version,
         "onnx_file": onnx_path.name,
         "sha256": sha256_file(onnx_path),
-        "inputs": signature(session.get_inputs()),
-        "outputs": signature(session.get_outputs()),
+        "inputs": inputs,
+        "outputs": outputs,
         "joint_names": list(joint_names),
         "dt_s": float(dt_s),
         "opset": OPSET,

@@ -106,8 +106,10 @@ class WorldModelDynamics:
     def step(self, q_rad, qdot_radps, actions_radps):
         import torch
 
+        from robot_wm.contracts import STATE_LAYOUT
+
         state, epistemic_std = self.model.step(torch.cat([q_rad, qdot_radps], -1), actions_radps, member=self.member)
-        return state[:, :6], state[:, 6:], (epistemic_std / self.scale).mean(-1)
+        return state[:, STATE_LAYOUT["q_rad"]], state[:, STATE_LAYOUT["qdot_radps"]], (epistemic_std / self.scale).mean(-1)
 
 
 def cmd_train_policy(args: argparse.Namespace) -> int:
@@ -169,6 +171,7 @@ def load_policy_checkpoint(path: Path):
 def cmd_export(args: argparse.Namespace) -> int:
     """Export the world model and the policy to ONNX with sidecars (into models/ by default)."""
     from robot_wm import description
+    from robot_wm.contracts import POLICY_KIND, WORLD_MODEL_KIND
     from robot_wm.core.onnx_model import load_model
     from robot_wm.core.task import load_task
     from robot_wm.learning.policy import PolicyConfig, export_policy
@@ -185,7 +188,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         path = export_world_model(model, out / "world_model.onnx", sha, metrics=meta.get("metrics"),
                                   version=f"wm-{sha[:8]}-s{model.config.seed}",
                                   training_command=(meta.get("metrics") or {}).get("command"))
-        written["world_model"] = load_model(path, "world_model", names, task.control_dt_s)
+        written[WORLD_MODEL_KIND] = load_model(path, WORLD_MODEL_KIND, names, task.control_dt_s)
     if args.policy:
         actor, record = load_policy_checkpoint(Path(args.policy))
         cfg = PolicyConfig(**record["config"])
@@ -195,7 +198,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         path = export_policy(actor, out / "policy.onnx", joint_names=names, task=task, dataset_sha256=record["dataset_sha256"],
                              version=f"policy-{record['dataset_sha256'][:8]}-s{cfg.seed}", metrics=metrics, config=cfg,
                              training_command=record.get("command"))
-        written["policy"] = load_model(path, "policy", names, task.control_dt_s)
+        written[POLICY_KIND] = load_model(path, POLICY_KIND, names, task.control_dt_s)
     if not written:
         print("export: nothing to do (give --world-model and/or --policy)", file=sys.stderr)
         return 2

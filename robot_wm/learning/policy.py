@@ -5,10 +5,11 @@ Read top to bottom: config, networks, imagination rollout, λ-returns, the train
 * Imagined rollouts start from real states (recorded transitions, and task-like start poses) and
   run ``horizon`` control periods through the learned world model; the simulator is never used
   to train the policy.
-* The reward is computed from predicted states with the task spec: minus the tool-to-goal
-  distance (differentiable FK of the predicted joint positions), a smooth bonus near the goal, a
-  small action cost, and a penalty on ensemble disagreement so the actor cannot exploit regions
-  where the model does not know.
+* The reward is the task's own (``TaskSpec.reward``, evaluated on torch tensors: minus the
+  tool-to-goal distance from differentiable FK of the predicted joint positions, a smooth bonus
+  near the goal, a small action cost), minus a penalty on ensemble disagreement so the actor
+  cannot exploit regions where the model does not know. That penalty is the only term the
+  trainer adds: it is about the world model, not the task.
 * The actor is trained by backpropagating λ-returns through the model (dynamics backprop, as
   DreamerV1 for continuous control) with an entropy bonus; the critic regresses the λ-returns of
   a slowly updated target critic.
@@ -26,7 +27,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from robot_wm.core.task import OBS_DIM, TaskSpec
+from robot_wm.contracts import (
+    N_JOINTS,
+    OBS_DIM,
+    OBS_LAYOUT,
+    POLICY_KIND,
+    join_obs,
+    layout_json,
+    policy_signature,
+)
+from robot_wm.core.task import TaskSpec
 
 
 class ImaginationDynamics(Protocol):
@@ -55,9 +65,7 @@ class PolicyConfig:
     actor_lr: float = 3e-4
     critic_lr: float = 1e-3
     entropy_coef: float = 1e-3
-    disagreement_coef: float = 2.0  # reward penalty per unit of normalized epistemic std
-    action_cost: float = 0.002  # reward penalty on |a|^2 (rad/s)^2
-    bonus_radius_m: float = 0.03  # smooth bonus exp(-(d/r)^2) near the goal
+    disagreement_coef: float = 2.0  # penalty on the task's reward per unit of normalized epistemic std
     near_goal_fraction: float = 0.5  # share of rollouts whose goal is near the start tool position
     task_start_fraction: float = 0.3  # share of rollouts that start at task start poses (else recorded states)
     target_update: float = 0.02  # Polyak rate of the target critic
@@ -74,13 +82,15 @@ class PolicyConfig:
         for name in ("actor_lr", "critic_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected a positive learning rate")
-        for name in ("entropy_coef", "disagreement_coef", "action_cost", "bonus_radius_m", "grad_clip"):
+        for name in ("entropy_coef", "disagreement_coef", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected >= 0")
 
 
 class ObsNormalizer(nn.Module):
-    """Fixed affine normalization of the raw 18-d observation, plus the goal-minus-tool feature."""
+    """Fixed affine normalization of the raw observation (OBS_LAYOUT), plus the goal-minus-tool feature."""
+
+    features = OBS_DIM + (OBS_LAYOUT["goal_m"].stop - OBS_LAYOUT["goal_m"].start)  # width of ``forward``'s output
 
     def __init__(self, mean: np.ndarray, std: np.ndarray) -> None:
         super().__init__()
@@ -88,7 +98,7 @@ class ObsNormalizer(nn.Module):
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        err = obs[..., 15:18] - obs[..., 12:15]  # goal - tool, m
+        err = obs[..., OBS_LAYOUT["goal_m"]] - obs[..., OBS_LAYOUT["tool_m"]]  # goal - tool, m
         return torch.cat([(obs - self.mean) / self.std, err / 0.1], dim=-1)
 
 
@@ -102,7 +112,7 @@ class Actor(nn.Module):
     def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int) -> None:
         super().__init__()
         self.norm = normalizer
-        self.net = _mlp(OBS_DIM + 3, hidden, 12)
+        self.net = _mlp(ObsNormalizer.features, hidden, 2 * N_JOINTS)  # mean and log-std per joint
         self.register_buffer("limit", torch.as_tensor(action_limit_radps, dtype=torch.float32))
 
     def dist(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +142,7 @@ class Critic(nn.Module):
     def __init__(self, normalizer: ObsNormalizer, hidden: int) -> None:
         super().__init__()
         self.norm = normalizer
-        self.net = _mlp(OBS_DIM + 3, hidden, 1)
+        self.net = _mlp(ObsNormalizer.features, hidden, 1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(self.norm(obs)).squeeze(-1)
@@ -163,12 +173,12 @@ class PolicyReport:
 
 def obs_normalization(dataset, task: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
     """Mean and std of the observation from recorded data (goals: uniform over the goal box)."""
-    q = dataset.q_rad.reshape(-1, 6)
-    qd = dataset.qdot_radps.reshape(-1, 6)
+    q = dataset.q_rad.reshape(-1, N_JOINTS)
+    qd = dataset.qdot_radps.reshape(-1, N_JOINTS)
     tool = dataset.tool_m.reshape(-1, 3)
     lo, hi = np.asarray(task.goal_box_min_m), np.asarray(task.goal_box_max_m)
-    mean = np.concatenate([q.mean(0), np.zeros(6), tool.mean(0), (lo + hi) / 2])
-    std = np.concatenate([q.std(0), np.maximum(qd.std(0), 0.05), tool.std(0), (hi - lo) / np.sqrt(12)])
+    mean = join_obs(q.mean(0), np.zeros(N_JOINTS), tool.mean(0), (lo + hi) / 2)
+    std = join_obs(q.std(0), np.maximum(qd.std(0), 0.05), tool.std(0), (hi - lo) / np.sqrt(12))  # uniform: width/sqrt(12)
     return mean.astype(np.float32), np.maximum(std, 1e-3).astype(np.float32)
 
 
@@ -181,7 +191,7 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         dynamics: the world model's differentiable step (see ImaginationDynamics).
         fk: differentiable q -> tool position (TorchToolFK of the same URDF).
         dataset: recorded transitions supplying real start states (robot_wm.learning.data.Dataset).
-        task: the task spec (reward, goal box, action limits, start noise).
+        task: the task spec (the reward, goal box, action limits, start noise).
         q_home_rad: the task's nominal start configuration.
         progress: show a progress bar.
     Returns:
@@ -202,11 +212,11 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         p.requires_grad_(False)
 
     H = dynamics.history
-    q_data = torch.as_tensor(dataset.q_rad[:, H - 1:-1].reshape(-1, 6), dtype=torch.float32)
-    qd_data = torch.as_tensor(dataset.qdot_radps[:, H - 1:-1].reshape(-1, 6), dtype=torch.float32)
+    q_data = torch.as_tensor(dataset.q_rad[:, H - 1:-1].reshape(-1, N_JOINTS), dtype=torch.float32)
+    qd_data = torch.as_tensor(dataset.qdot_radps[:, H - 1:-1].reshape(-1, N_JOINTS), dtype=torch.float32)
     # the H-1 commands before each start state (oldest first)
     a_hist = np.stack([dataset.action_radps[:, k:dataset.n_steps - (H - 1) + k] for k in range(H - 1)], axis=2) if H > 1 else None
-    hist_data = torch.as_tensor(a_hist.reshape(-1, H - 1, 6), dtype=torch.float32) if H > 1 else None
+    hist_data = torch.as_tensor(a_hist.reshape(-1, H - 1, N_JOINTS), dtype=torch.float32) if H > 1 else None
     lo = torch.as_tensor(task.goal_box_min_m, dtype=torch.float32)
     hi = torch.as_tensor(task.goal_box_max_m, dtype=torch.float32)
     history = []
@@ -217,22 +227,21 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         obs_seq, rewards, entropies, disagreements, dists = [], [], [], [], []
         tool = fk(q)
         for _ in range(cfg.horizon):
-            obs = torch.cat([q, qd, tool, goal], dim=-1)
+            obs = join_obs(q, qd, tool, goal, xp=torch)
             action, entropy = actor.sample(obs)
             actions = torch.cat([hist, action.unsqueeze(1)], dim=1) if hist is not None else action.unsqueeze(1)
             q, qd, disagreement = dynamics.step(q, qd, actions)
             hist = actions[:, 1:] if hist is not None else None
             tool = fk(q)  # reward of this step and observation of the next
-            dist = torch.linalg.norm(tool - goal, dim=-1)
-            reward = (-dist + 0.5 * torch.exp(-(dist / cfg.bonus_radius_m) ** 2)
-                      - cfg.action_cost * (action**2).sum(-1) - cfg.disagreement_coef * disagreement)
+            reward = task.reward(tool, goal, action, xp=torch) - cfg.disagreement_coef * disagreement
+            dist = task.distance_m(tool, goal, xp=torch)
             obs_seq.append(obs)
             rewards.append(reward)
             entropies.append(entropy)
             disagreements.append(disagreement)
             dists.append(dist.detach())
-        obs_seq.append(torch.cat([q, qd, tool, goal], dim=-1))
-        obs_all = torch.stack(obs_seq)  # (horizon+1, B, 18)
+        obs_seq.append(join_obs(q, qd, tool, goal, xp=torch))
+        obs_all = torch.stack(obs_seq)  # (horizon+1, B, OBS_DIM)
         rewards_t = torch.stack(rewards)
         values_target = target(obs_all)
         returns = lambda_returns(rewards_t, values_target, cfg.discount, cfg.lambda_)
@@ -270,10 +279,11 @@ def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, fk, lo, hi, H):
     B = cfg.batch
     n_task = int(round(cfg.task_start_fraction * B))
     idx = torch.as_tensor(rng.integers(0, q_data.shape[0], B - n_task))
-    q_task = torch.as_tensor(q_home + rng.uniform(-task.start_noise_rad, task.start_noise_rad, (n_task, 6)), dtype=torch.float32)
+    q_task = torch.as_tensor(q_home + rng.uniform(-task.start_noise_rad, task.start_noise_rad, (n_task, N_JOINTS)),
+                             dtype=torch.float32)
     q = torch.cat([q_data[idx], q_task])
-    qd = torch.cat([qd_data[idx], torch.zeros(n_task, 6)])
-    hist = torch.cat([hist_data[idx], torch.zeros(n_task, H - 1, 6)]) if hist_data is not None else None
+    qd = torch.cat([qd_data[idx], torch.zeros(n_task, N_JOINTS)])
+    hist = torch.cat([hist_data[idx], torch.zeros(n_task, H - 1, N_JOINTS)]) if hist_data is not None else None
     goal = lo + (hi - lo) * torch.rand(B, 3)
     near = torch.as_tensor(rng.random(B) < cfg.near_goal_fraction)
     with torch.no_grad():
@@ -287,18 +297,21 @@ def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, fk, lo, hi, H):
 def export_policy(actor: Actor, path, *, joint_names, task: TaskSpec, dataset_sha256: str, version: str,
                   metrics: dict | None = None, config: PolicyConfig | None = None, training_command: str | None = None):
     """Export the deterministic actor (normalization and scaling inside) with its sidecar."""
-    from robot_wm.core.task import OBS_LAYOUT
-    from robot_wm.learning.export import export_onnx, write_sidecar
+    from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
-    path = export_onnx(actor.eval(), (torch.zeros(1, OBS_DIM),), path, ["obs"], ["action_radps"])
+    signature = policy_signature()
+    path = export_onnx(actor.eval(), example_inputs(signature, batch=1), path, signature.input_names,
+                       signature.output_names)
     extra = {
         "action_limit_radps": list(task.action_limit_radps),
-        "obs_layout": {k: [v.start, v.stop] for k, v in OBS_LAYOUT.items()},
+        "obs_layout": layout_json(OBS_LAYOUT),
+        "reward": {name: getattr(task, name) for name in ("goal_bonus", "goal_bonus_radius_m", "action_cost")},
         "normalization": {"obs_mean": actor.norm.mean.tolist(), "obs_std": actor.norm.std.tolist(),
                           "note": "applied inside the graph; feed raw observations"},
         "metrics": metrics or {},
         "config": asdict(config) if config else {},
     }
-    write_sidecar(path, model_kind="policy", version=version, joint_names=joint_names, dt_s=task.control_dt_s,
-                  training_data_sha256=dataset_sha256, training_command=training_command, extra=extra)
+    write_sidecar(path, model_kind=POLICY_KIND, version=version, joint_names=joint_names, dt_s=task.control_dt_s,
+                  training_data_sha256=dataset_sha256, training_command=training_command, extra=extra,
+                  signature=signature)
     return path

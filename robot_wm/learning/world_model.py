@@ -119,16 +119,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from robot_wm.contracts import N_JOINTS, STATE_DIM, STATE_LAYOUT, WORLD_MODEL_KIND, layout_json, world_model_signature
 from robot_wm.learning.data import Dataset
 
 CHECKPOINT_FORMAT = "robot_wm-world-model-checkpoint/1"
-MODEL_KIND = "world_model"
-N_JOINTS = 6
-STATE_DIM = 2 * N_JOINTS
-#: Layout of the 12-vectors (state, variances): (q_rad, qdot_radps), joint order within each.
-STATE_LAYOUT = {"q_rad": [0, N_JOINTS], "qdot_radps": [N_JOINTS, STATE_DIM]}
-INPUT_NAMES = ["q_rad", "qdot_radps", "action_radps"]
-OUTPUT_NAMES = ["next_q_rad", "next_qdot_radps", "epistemic_var", "aleatoric_var"]
+_Q, _QD = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]  # blocks of the state vectors and variances
 Q_FEATURES = ("raw", "sincos")
 
 
@@ -329,7 +324,9 @@ class WorldModel(nn.Module):
         means, ale = self.members_physical(q_rad, qdot_radps, action_radps, qdot_history_radps)
         mean = means.mean(0)
         epistemic = means.var(0, unbiased=False)
-        return Prediction(mean[:, :N_JOINTS], mean[:, N_JOINTS:], epistemic, ale.mean(0))
+        # the exported graph traces this line: the open-ended qdot slice keeps its Slice op (end INT64_MAX)
+        # as in the shipped models, so that a re-export reproduces their bytes
+        return Prediction(mean[:, :_Q.stop], mean[:, _QD.start:], epistemic, ale.mean(0))
 
     def forward(self, q_rad: torch.Tensor, qdot_radps: torch.Tensor, action_radps: torch.Tensor, *rest: torch.Tensor):
         """The exported graph: (next_q_rad, next_qdot_radps, epistemic_var, aleatoric_var)."""
@@ -358,7 +355,7 @@ class WorldModel(nn.Module):
         """
         if state.dim() != 2 or state.shape[1] != STATE_DIM:
             raise ValueError(f"state has shape {tuple(state.shape)}: expected [B, {STATE_DIM}] = (q_rad, qdot_radps)")
-        means, ale = self.members_physical(state[:, :N_JOINTS], state[:, N_JOINTS:], action_history, qdot_history_radps)
+        means, ale = self.members_physical(state[:, _Q], state[:, _QD], action_history, qdot_history_radps)
         epistemic_std = means.var(0, unbiased=False).sqrt()
         if member == "mean":
             mean, var = means.mean(0), ale.mean(0)
@@ -409,12 +406,12 @@ class WorldModel(nn.Module):
         for t in range(horizon):
             nxt, std = self.step(state, window[:, t:t + h], member, sample, generator, qdot_history_radps)
             if k:
-                qdot_history_radps = torch.cat([qdot_history_radps[:, 1:], state[:, None, N_JOINTS:]], 1)
+                qdot_history_radps = torch.cat([qdot_history_radps[:, 1:], state[:, None, _QD]], 1)
             state = nxt
             states.append(state)
             stds.append(std)
         traj = torch.stack(states, 1)
-        return Rollout(traj[..., :N_JOINTS], traj[..., N_JOINTS:], torch.stack(stds, 1))
+        return Rollout(traj[..., _Q], traj[..., _QD], torch.stack(stds, 1))
 
 
 # --------------------------------------------------------------------------------------- data
@@ -664,30 +661,27 @@ def export_world_model(
 ) -> Path:
     """Export the ensemble as ONE ONNX graph plus its JSON sidecar; return the .onnx path.
 
-    Graph: inputs ``q_rad`` [batch, 6], ``qdot_radps`` [batch, 6], ``action_radps`` [batch, H, 6]
-    (oldest first, last row = current command) and, only when config.qdot_history = K > 0,
-    ``qdot_history_radps`` [batch, K, 6]; outputs ``next_q_rad`` [batch, 6], ``next_qdot_radps``
-    [batch, 6] (ensemble mean), ``epistemic_var`` and ``aleatoric_var`` [batch, 12] (STATE_LAYOUT).
+    Graph: ``robot_wm.contracts.world_model_signature(H, K)``: inputs ``q_rad``, ``qdot_radps``
+    [batch, N], ``action_radps`` [batch, H, N] (oldest first, last row = current command) and,
+    only when config.qdot_history = K > 0, ``qdot_history_radps`` [batch, K, N]; outputs
+    ``next_q_rad``, ``next_qdot_radps`` [batch, N] (ensemble mean), ``epistemic_var`` and
+    ``aleatoric_var`` [batch, 2N] (STATE_LAYOUT), N = N_JOINTS.
     Normalization is inside the graph; the sidecar repeats it (and the layout, ensemble size,
     history length and metrics) for people and tools.
     """
-    from robot_wm.learning.export import export_onnx, write_sidecar
+    from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
     model = model.eval()
     h, k = model.action_history, model.config.qdot_history
-    example = [torch.zeros(2, N_JOINTS), torch.zeros(2, N_JOINTS), torch.zeros(2, h, N_JOINTS)]
-    names = list(INPUT_NAMES)
-    if k:
-        example.append(torch.zeros(2, k, N_JOINTS))
-        names.append("qdot_history_radps")
-    path = export_onnx(model, tuple(example), path, names, list(OUTPUT_NAMES))
+    signature = world_model_signature(h, k)
+    path = export_onnx(model, example_inputs(signature, batch=2), path, signature.input_names, signature.output_names)
     extra = {
         "ensemble_size": model.members,
         "action_history": h,
         "qdot_history": k,
         "q_features": model.config.q_features,
         "hidden_sizes": list(model.config.hidden_sizes),
-        "state_layout": STATE_LAYOUT,
+        "state_layout": layout_json(STATE_LAYOUT),
         "prediction": "measured state at t+1 = state at t + ensemble-mean delta; variances per state component",
         "action_layout": "action_radps[:, -1] is the command sent in period t; rows oldest first; "
                          "zeros before the first command",
@@ -699,6 +693,7 @@ def export_world_model(
         "metrics": metrics or {},
         "config": dataclasses.asdict(model.config),
     }
-    write_sidecar(path, model_kind=MODEL_KIND, version=version, joint_names=model.joint_names, dt_s=model.dt_s,
-                  training_data_sha256=dataset_sha256, training_command=training_command, extra=extra)
+    write_sidecar(path, model_kind=WORLD_MODEL_KIND, version=version, joint_names=model.joint_names, dt_s=model.dt_s,
+                  training_data_sha256=dataset_sha256, training_command=training_command, extra=extra,
+                  signature=signature)
     return path

@@ -30,8 +30,10 @@ import numpy as np
 import torch
 
 from robot_wm.learning.data import CollectConfig, Dataset, collect
-from robot_wm.learning.world_model import N_JOINTS, WorldModel, WorldModelConfig, history_windows, train_world_model, load_checkpoint
+from robot_wm.contracts import STATE_LAYOUT
+from robot_wm.learning.world_model import WorldModel, WorldModelConfig, history_windows, train_world_model, load_checkpoint
 
+Q, QD = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]  # blocks of the (q, qdot) vectors
 Z90 = 1.6448536269514722  # two-sided 90 % interval of a standard normal
 PredictFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
@@ -108,8 +110,8 @@ def evaluate_world_model(
     fn, h, k = _predictor(model)
     e, t = dataset.n_episodes, dataset.n_steps
     q, qd, act = dataset.q_rad, dataset.qdot_radps, dataset.action_radps
-    windows = history_windows(act, h, include_current=True)  # (E, T, H, 6)
-    qd_windows = history_windows(qd[:, :t], k, include_current=False)  # (E, T, K, 6)
+    windows = history_windows(act, h, include_current=True)  # (E, T, H, N)
+    qd_windows = history_windows(qd[:, :t], k, include_current=False)  # (E, T, K, N)
 
     # one step, every transition
     flat = lambda x: x.reshape(e * t, *x.shape[2:])  # noqa: E731
@@ -123,19 +125,19 @@ def evaluate_world_model(
         "episodes": e,
         "transitions": e * t,
         "one_step": {
-            "rmse_q_rad": float(np.sqrt(np.mean(err[:, :N_JOINTS] ** 2))),
-            "rmse_qdot_radps": float(np.sqrt(np.mean(err[:, N_JOINTS:] ** 2))),
-            "rmse_q_rad_per_joint": rmse[:N_JOINTS].round(7).tolist(),
-            "rmse_qdot_radps_per_joint": rmse[N_JOINTS:].round(6).tolist(),
+            "rmse_q_rad": float(np.sqrt(np.mean(err[:, Q] ** 2))),
+            "rmse_qdot_radps": float(np.sqrt(np.mean(err[:, QD] ** 2))),
+            "rmse_q_rad_per_joint": rmse[Q].round(7).tolist(),
+            "rmse_qdot_radps_per_joint": rmse[QD].round(6).tolist(),
         },
         "calibration": {
             "coverage90": float(inside.mean()),
-            "coverage90_q": float(inside[:, :N_JOINTS].mean()),
-            "coverage90_qdot": float(inside[:, N_JOINTS:].mean()),
-            "mean_epistemic_std_q_rad": float(np.sqrt(epi[:, :N_JOINTS]).mean()),
-            "mean_epistemic_std_qdot_radps": float(np.sqrt(epi[:, N_JOINTS:]).mean()),
-            "mean_aleatoric_std_q_rad": float(np.sqrt(ale[:, :N_JOINTS]).mean()),
-            "mean_aleatoric_std_qdot_radps": float(np.sqrt(ale[:, N_JOINTS:]).mean()),
+            "coverage90_q": float(inside[:, Q].mean()),
+            "coverage90_qdot": float(inside[:, QD].mean()),
+            "mean_epistemic_std_q_rad": float(np.sqrt(epi[:, Q]).mean()),
+            "mean_epistemic_std_qdot_radps": float(np.sqrt(epi[:, QD]).mean()),
+            "mean_aleatoric_std_q_rad": float(np.sqrt(ale[:, Q]).mean()),
+            "mean_aleatoric_std_qdot_radps": float(np.sqrt(ale[:, QD]).mean()),
         },
     }
 
@@ -153,9 +155,9 @@ def evaluate_world_model(
         nxt, epi_step, _ = _batched(fn, cur_q, cur_qd, windows[ep_idx, st_idx + step], qd_hist)
         if k:
             qd_hist = np.concatenate([qd_hist[:, 1:], cur_qd[:, None]], 1)
-        cur_q, cur_qd = nxt[:, :N_JOINTS], nxt[:, N_JOINTS:]
+        cur_q, cur_qd = nxt[:, Q], nxt[:, QD]
         pred_q.append(cur_q)
-        epi_sum += np.sqrt(epi_step[:, N_JOINTS:]).mean(-1)
+        epi_sum += np.sqrt(epi_step[:, QD]).mean(-1)
     fk = TorchToolFK(urdf_xml or description.expand(), dataset.joint_names).double()
     tool = lambda x: fk(torch.as_tensor(x, dtype=torch.float64)).numpy()  # noqa: E731
     result["rollout"] = {"starts": int(len(ep_idx))}

@@ -18,6 +18,7 @@ from rclpy.lifecycle import State, TransitionCallbackReturn
 from std_msgs.msg import Float64MultiArray
 from visualization_msgs.msg import Marker
 
+from robot_wm.contracts import N_JOINTS, STATE_LAYOUT
 from robot_wm.msg import WorldModelPrediction
 from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 from robot_wm.nodes.conversions import InputError, vector
@@ -71,7 +72,7 @@ class WorldModelNode(ControlNode):
 
     def _on_command(self, msg: Float64MultiArray) -> None:
         try:
-            self._command = (time.monotonic(), vector(msg.data, 6, "command"))
+            self._command = (time.monotonic(), vector(msg.data, N_JOINTS, "command"))
         except InputError as exc:
             self.get_logger().error(f"ignoring command: {exc}", throttle_duration_sec=1.0)
 
@@ -83,17 +84,18 @@ class WorldModelNode(ControlNode):
             return
         q, qdot = state
         # the hardware holds zero once commands stop (driver timeout): predict that, not the last command
-        command = self._command[1] if self._command and now - self._command[0] <= self.stale_s else np.zeros(6)
+        command = self._command[1] if self._command and now - self._command[0] <= self.stale_s else np.zeros(N_JOINTS)
         pred = self.runner.predict(q, qdot, command)
         msg = WorldModelPrediction(joint_names=self.joint_names, model_version=self.runner.version, horizon_steps=1,
                                    dt_s=float(self.period_s))
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.position_rad = pred.next_q_rad.tolist()
         msg.velocity_radps = pred.next_qdot_radps.tolist()
-        msg.position_std_epistemic_rad = pred.epistemic_std[:6].tolist()
-        msg.position_std_aleatoric_rad = pred.aleatoric_std[:6].tolist()
-        msg.velocity_std_epistemic_radps = pred.epistemic_std[6:].tolist()
-        msg.velocity_std_aleatoric_radps = pred.aleatoric_std[6:].tolist()
+        q_block, qdot_block = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]
+        msg.position_std_epistemic_rad = pred.epistemic_std[q_block].tolist()
+        msg.position_std_aleatoric_rad = pred.aleatoric_std[q_block].tolist()
+        msg.velocity_std_epistemic_radps = pred.epistemic_std[qdot_block].tolist()
+        msg.velocity_std_aleatoric_radps = pred.aleatoric_std[qdot_block].tolist()
         self._pred_pub.publish(msg)
         if self._marker_pub is not None:
             self._publish_forecast(q, pred.next_q_rad, pred.next_qdot_radps, command, msg.header.stamp)
@@ -106,7 +108,7 @@ class WorldModelNode(ControlNode):
             window = np.vstack([history, command])
             batch = self.runner.predict_batch(q[None], qdot[None], window[None])
             history = window[1:]
-            q, qdot = batch.next_state[0, :6], batch.next_state[0, 6:]
+            q, qdot = batch.next_q_rad[0], batch.next_qdot_radps[0]
             path.append(self.kin.tool_position_m(q))
         marker = Marker(ns="robot_wm_forecast", id=0, type=Marker.LINE_STRIP, action=Marker.ADD)
         marker.header.stamp = stamp

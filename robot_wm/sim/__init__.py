@@ -8,7 +8,6 @@ from robot_wm.sim.arm import ArmSim, CommandRejected, JointState
 from robot_wm.sim.faults import FAULT_KINDS, ActiveFault, FaultError, FaultInjector
 from robot_wm.sim.model import TIMESTEP_S, ArmModel, ModelError, build_model, build_spec, urdf_for_mujoco
 from robot_wm.sim.profiles import (
-    JOINT_NAMES,
     LINK_NAMES,
     DynamicsProfile,
     ProfileError,
@@ -29,7 +28,6 @@ __all__ = [
     "FAULT_KINDS",
     "FaultError",
     "FaultInjector",
-    "JOINT_NAMES",
     "JointState",
     "LINK_NAMES",
     "ModelError",

@@ -45,8 +45,8 @@ import mujoco
 import numpy as np
 
 from robot_wm import description
+from robot_wm.contracts import JOINT_NAMES
 from robot_wm.sim.profiles import (
-    JOINT_NAMES,
     LINK_NAMES,
     MAX_ACTUATOR_LAG_S,
     MAX_COMMAND_LATENCY_S,

@@ -6,7 +6,7 @@ from its simulator. Profiles are YAML files (``config/sim_profiles/<name>.yaml``
 ``docs/sim_profiles.md``); fields a file omits take the nominal value. :func:`sample_profile` draws
 profiles for domain randomization over exactly these fields.
 
-Per-joint fields are in the joint order of the description (``JOINT_NAMES``).
+Per-joint fields are in the joint order of the description (``robot_wm.contracts.JOINT_NAMES``).
 """
 from __future__ import annotations
 
@@ -18,17 +18,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from robot_wm.contracts import JOINT_NAMES, N_JOINTS
 from robot_wm.paths import data_path
 
-#: Joint order of every per-joint field (the description's actuated joints; model.py checks it).
-JOINT_NAMES = (
-    "shoulder_pan_joint",
-    "shoulder_lift_joint",
-    "elbow_joint",
-    "wrist_1_joint",
-    "wrist_2_joint",
-    "wrist_3_joint",
-)
 #: The moving links, child of each joint in JOINT_NAMES (the order of ``link_mass_scale``).
 LINK_NAMES = (
     "shoulder_link",
@@ -38,7 +30,6 @@ LINK_NAMES = (
     "wrist_2_link",
     "wrist_3_link",
 )
-N_JOINTS = len(JOINT_NAMES)
 
 #: Largest command latency a profile may ask for; the model's control history is sized for it, so
 #: that every profile compiles to the same MjData layout (batched environments need that).

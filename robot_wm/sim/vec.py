@@ -138,7 +138,8 @@ class VecArmSim:
             q0 = np.asarray(q0_rad, dtype=float)
             q0 = np.tile(q0, (ids.size, 1)) if q0.ndim == 1 else q0
             if q0.shape != (ids.size, len(self.joint_names)):
-                raise ValueError(f"q0_rad has shape {q0.shape}: expected (6,) or ({ids.size}, 6)")
+                n = len(self.joint_names)
+                raise ValueError(f"q0_rad has shape {q0.shape}: expected ({n},) or ({ids.size}, {n})")
             for row in q0:
                 check_q0(row, self._arm)
         a = self._arm
