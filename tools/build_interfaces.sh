@@ -8,6 +8,12 @@
 # The Python code itself is installed by pip (`pip install -e .`), hence ROBOT_WM_INSTALL_PYTHON=OFF.
 # Idempotent: skips everything when the inputs (hash in build/interfaces/.robot_wm_stamp) are
 # unchanged and the installed module still imports. Set ROBOT_WM_FORCE_BUILD=1 to rebuild anyway.
+#
+# First, when `controller_manager_msgs` is not importable (no wheel provides it), it builds the
+# stand-in in tools/interfaces/controller_manager_msgs (srv/SwitchController only, for the command
+# watchdog) into VENV_DIR the same way. A stand-in installed by this script carries a stamp in
+# VENV_DIR/share/controller_manager_msgs and is rebuilt when its sources change; a
+# controller_manager_msgs from elsewhere (a sourced ROS install) is left alone.
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -56,6 +62,81 @@ SafetyStatus(); InjectFault.Request()  # loads the C typesupport extension
 ' >/dev/null 2>&1)
 }
 
+# The wheels do not set these; rosidl finds its typesupports through the ament index.
+export AMENT_PREFIX_PATH="$VENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
+export CMAKE_PREFIX_PATH="$VENV${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export PATH="$VENV/bin:$PATH"
+
+# ---- controller_manager_msgs stand-in (pip path only) ----
+CM_SRC="$REPO/tools/interfaces/controller_manager_msgs"
+CM_BUILD="$REPO/build/controller_manager_msgs"
+CM_STAMP="$VENV/share/controller_manager_msgs/.robot_wm_stamp"  # present only for our stand-in
+
+cm_import_check() {
+  (cd / && "$PY" -c '
+from controller_manager_msgs.srv import SwitchController
+SwitchController.Request(); SwitchController.Response()  # loads the C typesupport extension
+' >/dev/null 2>&1)
+}
+
+cm_inputs_hash() {
+  (
+    cd "$REPO"
+    echo "venv=$VENV"
+    sha256sum tools/build_interfaces.sh cmake/pip_wheels_fixups.cmake
+    find tools/interfaces/controller_manager_msgs -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum
+  ) | sha256sum | cut -d' ' -f1
+}
+
+cm_fail() {
+  echo "build_interfaces: controller_manager_msgs: $1" >&2
+  exit 1
+}
+
+build_controller_manager_msgs() {
+  local hash
+  hash="$(cm_inputs_hash)"
+  if cm_import_check; then
+    if [[ ! -f "$CM_STAMP" ]]; then
+      echo "build_interfaces: controller_manager_msgs is already importable (not the stand-in): leaving it alone"
+      return 0
+    fi
+    if [[ -z "${ROBOT_WM_FORCE_BUILD:-}" && "$(cat "$CM_STAMP")" == "$hash" ]]; then
+      echo "build_interfaces: controller_manager_msgs stand-in up to date ($VENV)"
+      return 0
+    fi
+  fi
+  mkdir -p "$CM_BUILD"
+  if [[ -f "$CM_BUILD/CMakeCache.txt" ]] && \
+     ! grep -qxF "CMAKE_INSTALL_PREFIX:PATH=$VENV" "$CM_BUILD/CMakeCache.txt"; then
+    find "$CM_BUILD" -mindepth 1 -delete
+  fi
+  echo "build_interfaces: building the controller_manager_msgs stand-in into $VENV"
+  rm -f "$CM_STAMP"
+  cmake -S "$CM_SRC" -B "$CM_BUILD" \
+    -DCMAKE_PREFIX_PATH="$VENV" \
+    -DCMAKE_INSTALL_PREFIX="$VENV" \
+    -DPython3_EXECUTABLE="$PY" \
+    -DROBOT_WM_CMAKE_DIR="$REPO/cmake" \
+    -DBUILD_TESTING=OFF \
+    -DCMAKE_BUILD_TYPE=Release >"$CM_BUILD/configure.log" 2>&1 \
+    || { cat "$CM_BUILD/configure.log" >&2; cm_fail "cmake configure failed"; }
+  cmake --build "$CM_BUILD" -j2 >"$CM_BUILD/build.log" 2>&1 \
+    || { tail -n 60 "$CM_BUILD/build.log" >&2; cm_fail "build failed"; }
+  cmake --install "$CM_BUILD" >"$CM_BUILD/install.log" 2>&1 \
+    || { tail -n 60 "$CM_BUILD/install.log" >&2; cm_fail "install failed"; }
+  if ! cm_import_check; then
+    (cd / && "$PY" -c 'from controller_manager_msgs.srv import SwitchController as S; S.Request()') >&2 || true
+    cm_fail "installed, but 'from controller_manager_msgs.srv import SwitchController' fails (above)"
+  fi
+  mkdir -p "$(dirname "$CM_STAMP")"
+  echo "$hash" >"$CM_STAMP"
+  echo "build_interfaces: controller_manager_msgs stand-in done ($VENV)"
+}
+
+build_controller_manager_msgs
+
+# ---- robot_wm interfaces ----
 HASH="$(inputs_hash)"
 if [[ -z "${ROBOT_WM_FORCE_BUILD:-}" && -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && import_check; then
   echo "build_interfaces: up to date ($VENV)"
@@ -68,11 +149,6 @@ if [[ -f "$BUILD/CMakeCache.txt" ]] && \
   echo "build_interfaces: build dir was configured for another prefix; cleaning it"
   find "$BUILD" -mindepth 1 -delete
 fi
-
-# The wheels do not set these; rosidl finds its typesupports through the ament index.
-export AMENT_PREFIX_PATH="$VENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
-export CMAKE_PREFIX_PATH="$VENV${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-export PATH="$VENV/bin:$PATH"
 
 echo "build_interfaces: building robot_wm interfaces into $VENV"
 rm -f "$STAMP"
