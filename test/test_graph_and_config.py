@@ -38,6 +38,24 @@ def test_ros2_control_plan(hardware):
         command_for(by_name["controller_manager"])
 
 
+@pytest.mark.parametrize("hardware", ["mock", "topic_based", "acme_driver/AcmeSystem", "gazebo"])
+def test_ros2_control_plans_include_the_command_watchdog(hardware):
+    """JointGroupVelocityController holds the last command forever: on every ros2_control choice a
+    watchdog process (runnable without a ROS install) deactivates it when the commands stop."""
+    by_name = {s.name: s for s in graph.plan(hardware)}
+    watchdog = by_name["command_watchdog"]
+    assert watchdog.module == "robot_wm.nodes.command_watchdog" and not watchdog.needs_ros_install
+    assert watchdog.param_files == (config_path("robot.yaml"), config_path("command_watchdog.yaml"))
+    cmd = command_for(watchdog, python="python")
+    assert cmd[:3] == ["python", "-m", "robot_wm.nodes.command_watchdog"] and "__node:=command_watchdog" in cmd
+    params = yaml.safe_load(config_path("command_watchdog.yaml").read_text())["command_watchdog"]["ros__parameters"]
+    assert params["velocity_controller"] == "forward_velocity_controller"
+    assert params["controller_manager"] == "/controller_manager"
+    assert (REPO / "scripts" / "command_watchdog").stat().st_mode & 0o111
+    # the embedded arm times out on its own (arm_sim command_timeout_s): no watchdog there
+    assert "command_watchdog" not in {s.name for s in graph.plan("mujoco")}
+
+
 def test_gazebo_plan_spawns_into_gazebo():
     names = [s.name for s in graph.plan("gazebo")]
     assert "gz_spawn" in names and "controller_manager" not in names
@@ -93,8 +111,8 @@ def test_package_xml_declares_the_launch_path_dependencies():
     root = ET.parse(REPO / "package.xml").getroot()
     deps = {e.text for e in root if e.tag.endswith("depend")}
     for needed in ("rclpy", "sensor_msgs", "std_msgs", "std_srvs", "geometry_msgs", "diagnostic_msgs",
-                   "visualization_msgs", "lifecycle_msgs", "controller_manager", "ros2_controllers",
-                   "robot_state_publisher", "xacro"):
+                   "visualization_msgs", "lifecycle_msgs", "controller_manager", "controller_manager_msgs",
+                   "ros2_controllers", "robot_state_publisher", "xacro"):
         assert needed in deps, f"package.xml lacks {needed}"
     assert root.find("export/build_type").text == "ament_cmake"
 
