@@ -34,7 +34,8 @@ class ArmClient:
         self.node = Node(name, context=context)
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.lock = threading.Lock()
-        self.states: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, list[str]]] = []
+        # (receive time.monotonic(), q, qdot, effort, names, header stamp in s: the arm's wall clock)
+        self.states: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, list[str], float]] = []
         self.wrenches: list[WrenchStamped] = []
         self.pub = self.node.create_publisher(Float64MultiArray, "/forward_velocity_controller/commands", qos)
         self.node.create_subscription(JointState, "/joint_states", self._on_state, qos)
@@ -62,7 +63,9 @@ class ArmClient:
 
     def _on_state(self, msg: JointState) -> None:
         with self.lock:
-            self.states.append((time.monotonic(), np.array(msg.position), np.array(msg.velocity), np.array(msg.effort), list(msg.name)))
+            stamp = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+            self.states.append((time.monotonic(), np.array(msg.position), np.array(msg.velocity), np.array(msg.effort),
+                                list(msg.name), stamp))
 
     def _on_wrench(self, msg: WrenchStamped) -> None:
         with self.lock:
@@ -77,6 +80,19 @@ class ArmClient:
         """Return the joint states received after monotonic time ``t0``."""
         with self.lock:
             return [s for s in self.states if s[0] >= t0]
+
+    def rest_after(self, t_wall: float, tol_radps: float = 0.01) -> float | None:
+        """Seconds from ``t_wall`` (time.time()) to the arm's rest, judged by the joint states' own
+        stamps: the stamp of the first state after ``t_wall`` from which every state received so far
+        has all |qdot| < tol, minus ``t_wall``; None if the arm is not at rest (yet)."""
+        with self.lock:
+            after = [(s[5], float(np.abs(s[2]).max())) for s in self.states if s[5] >= t_wall]
+        if not after or after[-1][1] >= tol_radps:
+            return None
+        i = len(after)
+        while i > 0 and after[i - 1][1] < tol_radps:
+            i -= 1
+        return after[i][0] - t_wall if i < len(after) else None
 
     def wait_for_state(self, timeout_s: float = 30.0) -> bool:
         """Wait until joint states flow."""

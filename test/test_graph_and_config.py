@@ -85,7 +85,7 @@ def test_launch_file_builds_its_nodes_from_the_graph_plan():
     assert "graph.plan" in calls and "rosenv.loopback_env" in calls
     args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
-    assert args == {"hardware", "hardware_params", "profile", "composed"}
+    assert args == {"hardware", "hardware_params", "profile", "composed", "enable"}
 
 
 def test_controllers_yaml_matches_the_description():
@@ -137,3 +137,22 @@ def test_composed_plan_passes_overrides_to_every_hosted_node():
     for node in ("safety_filter", "world_model", "policy"):
         assert f"{node}:control_period_s:=0.004" in cmd
     assert "arm_sim:control_period_s:=0.004" in command_for(specs["arm_sim"], python="python")
+
+
+def test_the_safety_filter_enables_itself_only_on_the_embedded_arm_and_stops_without_trust(tmp_path):
+    """enable_on_start only by an explicit request and only on the embedded arm; the phase before the
+    first TrustState follows the hardware; a graph with a trust monitor forces STOP before it speaks."""
+    filt = lambda specs: next(s for s in specs if s.name == "safety_filter")  # noqa: E731
+    assert "enable_on_start" not in filt(graph.plan("mujoco")).parameters
+    assert filt(graph.plan("mujoco", enable=True)).parameters["enable_on_start"] is True
+    with pytest.raises(graph.GraphError, match="embedded arm only"):
+        graph.plan("mock", enable=True)
+    assert filt(graph.plan("mujoco")).parameters["default_phase"] == 0  # SIM: the embedded arm is a simulator
+    assert filt(graph.plan("mock")).parameters["default_phase"] == 2  # REAL on any ros2_control hardware
+    assert "default_trust_level" not in filt(graph.plan("mujoco")).parameters  # config/control.yaml: FULL
+    graph_yaml = yaml.safe_load((REPO / "config" / "graph.yaml").read_text())
+    graph_yaml["stack"].append({"name": "trust_monitor", "package": "robot_wm", "executable": "trust_monitor",
+                                "module": "robot_wm.nodes.trust_monitor"})
+    with_monitor = tmp_path / "graph.yaml"
+    with_monitor.write_text(yaml.safe_dump(graph_yaml))
+    assert filt(graph.plan("mujoco", graph_path=with_monitor)).parameters["default_trust_level"] == 3  # STOP

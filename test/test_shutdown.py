@@ -56,28 +56,90 @@ def _children_of(pid: int) -> list[int]:
 SPECS = {s.name: s for s in graph.plan("mujoco", enable=True) + graph.plan("mujoco", composed=True, enable=True)
          if not s.needs_ros_install}
 ARM = SPECS["arm_sim"]
+# What each program publishes once it runs: readiness is judged by messages arriving, not by log
+# lines (a lifecycle node with no input yet publishes nothing: its lifecycle state is asked instead).
+JOINTS = ("topic", "/joint_states", "sensor_msgs.msg", "JointState")
+STATUS = ("topic", "/robot_wm/safety_status", "robot_wm.msg", "SafetyStatus")
+GOAL = ("topic", "/robot_wm/goal", "geometry_msgs.msg", "PointStamped")
 PROGRAMS = {
-    "arm_sim node": (command_for(ARM), "embedded arm up"),
-    "safety_filter node": (command_for(SPECS["safety_filter"]), "safety filter active"),
-    "policy node": (command_for(SPECS["policy"]), "loaded from"),
-    "world_model node": (command_for(SPECS["world_model"]), "loaded from"),
-    "goal_sequencer node": (command_for(SPECS["goal_sequencer"]), "goal 0:"),
-    "control_stack (composed)": (command_for(SPECS["control_stack"]), "safety filter active"),
-    "robot-wm sim": ([PYTHON, "-m", "robot_wm.cli", "sim"], "embedded arm up"),
-    "robot-wm up": ([PYTHON, "-m", "robot_wm.cli", "up"], "safety filter active"),
-    "robot-wm up --composed": ([PYTHON, "-m", "robot_wm.cli", "up", "--composed"], "safety filter active"),
+    "arm_sim node": (command_for(ARM), JOINTS),
+    "safety_filter node": (command_for(SPECS["safety_filter"]), STATUS),
+    "policy node": (command_for(SPECS["policy"]), ("lifecycle", "policy")),
+    "world_model node": (command_for(SPECS["world_model"]), ("lifecycle", "world_model")),
+    "goal_sequencer node": (command_for(SPECS["goal_sequencer"]), GOAL),
+    "control_stack (composed)": (command_for(SPECS["control_stack"]), STATUS),
+    "robot-wm sim": ([PYTHON, "-m", "robot_wm.cli", "sim"], JOINTS),
+    "robot-wm up": ([PYTHON, "-m", "robot_wm.cli", "up"], STATUS),
+    "robot-wm up --composed": ([PYTHON, "-m", "robot_wm.cli", "up", "--composed"], STATUS),
 }
+
+
+class Ready:
+    """Waits until a program runs: N messages on its topic, or its lifecycle node is active."""
+
+    def __init__(self, context, how) -> None:
+        import importlib
+
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.node import Node
+
+        self.node = Node("shutdown_probe", context=context)
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        self.count = 0
+        self.how = how
+        if how[0] == "topic":
+            msg_type = getattr(importlib.import_module(how[2]), how[3])
+            self.node.create_subscription(msg_type, how[1], self._on_msg, 10)
+        else:
+            from lifecycle_msgs.srv import GetState
+
+            self.client = self.node.create_client(GetState, f"/{how[1]}/get_state")
+
+    def _on_msg(self, _msg) -> None:
+        self.count += 1
+
+    def _active(self) -> bool:
+        from lifecycle_msgs.srv import GetState
+
+        if not self.client.service_is_ready():
+            return False
+        future = self.client.call_async(GetState.Request())
+        self.executor.spin_until_future_complete(future, timeout_sec=1.0)
+        return future.done() and future.result().current_state.label == "active"
+
+    def wait(self, proc, messages: int, timeout_s: float) -> bool:
+        """True once the program runs (``messages`` received, or active for ``messages`` polls)."""
+        deadline = time.monotonic() + timeout_s
+        polls = 0
+        while time.monotonic() < deadline and proc.process.poll() is None:
+            self.executor.spin_once(timeout_sec=0.05)
+            if self.how[0] == "lifecycle":
+                polls += self._active()
+                if polls >= 3:
+                    return True
+            elif self.count >= messages:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.executor.remove_node(self.node)
+        self.node.destroy_node()
+        self.executor.shutdown(timeout_sec=1.0)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("program", list(PROGRAMS))
-def test_clean_exit_on_signal(spawn, program, sig):
-    cmd, ready_line = PROGRAMS[program]
+def test_clean_exit_on_signal(spawn, ros_context, program, sig):
+    cmd, how = PROGRAMS[program]
     before = _fastdds_segments()
     proc = spawn(cmd)
-    assert wait_for(lambda: ready_line in proc.output() or proc.process.poll() is not None, 60.0, 0.05)
-    assert proc.process.poll() is None, f"{program} exited early:\n{proc.output()}"
-    time.sleep(0.5)  # let it run: timers firing, participants discovered
+    ready = Ready(ros_context, how)
+    try:
+        # running: timers firing, participants discovered (20 messages of its own, or active)
+        assert ready.wait(proc, 20, 60.0), f"{program} never ran (or exited early):\n{proc.output()}"
+    finally:
+        ready.close()
     descendants = _children_of(proc.pid)
     t0 = time.monotonic()
     proc.process.send_signal(sig)
@@ -98,7 +160,7 @@ def test_clean_exit_on_signal(spawn, program, sig):
 
 def test_up_stops_the_graph_when_a_node_dies(spawn):
     proc = spawn([PYTHON, "-m", "robot_wm.cli", "up"])
-    assert wait_for(lambda: "embedded arm up" in proc.output(), 60.0, 0.05), proc.output()
+    assert wait_for(lambda: len(_children_of(proc.pid)) >= 4 or proc.process.poll() is not None, 60.0, 0.05)
     children = _children_of(proc.pid)
     assert children
     os.kill(children[0], signal.SIGKILL)

@@ -29,6 +29,7 @@ import numpy as np
 import osqp
 from scipy import sparse
 
+from robot_wm.contracts import STATE_LAYOUT
 from robot_wm.core.safety import speed as speed_polytope
 from robot_wm.core.safety.barriers import Workspace, accel_box, brake_speed
 from robot_wm.core.safety.layout import RowLayout
@@ -47,6 +48,8 @@ from robot_wm.core.safety.types import (
     solver_status_text,
 )
 from robot_wm.core.safety.validate import Problem, as_scalar, as_vector, check_model, parse_filter_input
+
+_Q, _QD = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]  # the world model's state vector
 
 #: Periods over which the largest input age sets the braking coast time (an age that spikes and
 #: drops again must not shrink the braking distance faster than the command can follow).
@@ -329,9 +332,9 @@ class SafetyFilter:
         if kin:
             margin_q = self._kin_err_rad  # the kinematic model's error bound on q⁺
         else:
-            f0q, f0qd, bq, bqd = mdl.f0[:n], mdl.f0[n:], mdl.B[:n], mdl.B[n:]
+            f0q, f0qd, bq, bqd = mdl.f0[_Q], mdl.f0[_QD], mdl.B[_Q], mdl.B[_QD]
             u_lin = u_nom if u_lin is None else u_lin
-            margin_q = kappa * mdl.sigma[:n]  # κ σ on q⁺
+            margin_q = kappa * mdl.sigma[_Q]  # κ σ on q⁺
 
         # box rows: speed limit ∩ acceleration box around the previous command
         box_lo, box_hi, box_lo_src, box_hi_src = accel_box(u_prev, self._vmax, self._amax, s_v, s_a,

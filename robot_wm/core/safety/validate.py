@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from robot_wm.contracts import N_JOINTS, STATE_LAYOUT
 from robot_wm.core.safety.types import FaultKind, FilterInput, LinearizedModel
 
 
@@ -127,28 +128,30 @@ def check_model(mdl: LinearizedModel, q: np.ndarray, hw_velocity_radps: np.ndarr
     space it has seen little of, while its prediction is fine.
     """
     n = len(q)
+    dim = 2 * n  # STATE_LAYOUT: positions, then velocities
+    Q, QD = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]
     try:
         f0, B, sig = (np.asarray(x, dtype=float) if x is not None else None for x in (mdl.f0, mdl.B, mdl.sigma))
     except (TypeError, ValueError):
         return Problem(FaultKind.MODEL, "model f0/B/sigma are not numeric arrays")
-    if not (f0 is not None and f0.shape == (2 * n,) and B is not None and B.shape == (2 * n, n)
-            and sig is not None and sig.shape == (2 * n,)):
+    if not (n == N_JOINTS and f0 is not None and f0.shape == (dim,) and B is not None and B.shape == (dim, n)
+            and sig is not None and sig.shape == (dim,)):
         shapes = [None if x is None else np.shape(x) for x in (mdl.f0, mdl.B, mdl.sigma)]
-        return Problem(FaultKind.MODEL, f"model shapes f0/B/sigma = {shapes}: expected ({2 * n},), ({2 * n}, {n}), ({2 * n},)")
+        return Problem(FaultKind.MODEL, f"model shapes f0/B/sigma = {shapes}: expected ({dim},), ({dim}, {n}), ({dim},)")
     if not (np.all(np.isfinite(f0)) and np.all(np.isfinite(B)) and np.all(np.isfinite(sig))):
         return Problem(FaultKind.MODEL, "model contains NaN or Inf")
     if np.any(sig < 0):
         return Problem(FaultKind.MODEL, f"model sigma has negative entries {sig[sig < 0].tolist()}")
-    step = np.abs(f0[:n] - q)
+    step = np.abs(f0[Q] - q)
     reach = 2.0 * hw_velocity_radps * dt_s + 1e-3
     if np.any(step > reach):
         i = int(np.argmax(step - reach))
         return Problem(FaultKind.MODEL,
                        f"model inconsistent: predicts {joint_names[i]} moves {step[i]:.3g} rad in one period "
                        f"(at most {reach[i]:.3g} rad at the hardware speed limit)")
-    if np.any(np.abs(f0[n:]) > 2.0 * hw_velocity_radps):
+    if np.any(np.abs(f0[QD]) > 2.0 * hw_velocity_radps):
         return Problem(FaultKind.MODEL, "model inconsistent: predicts joint velocities beyond twice the hardware limit")
-    bq, bqd = B[:n], B[n:]
+    bq, bqd = B[Q], B[QD]
     if np.any(np.abs(bq) > 2.0 * dt_s) or np.any(np.abs(bqd) > 2.0) or np.any(np.diag(bq) < 0) or np.any(np.diag(bqd) < 0):
         return Problem(FaultKind.MODEL_IMPLAUSIBLE,
                        "model slope B implausible here (expected |dq+/du| <= 2 dt, |dqdot+/du| <= 2, "
