@@ -212,7 +212,7 @@ def enable_hot_path(hp: HotPath, q: np.ndarray) -> None:
 
     for k in range(200):
         t_s = -2.0 + k * DT
-        hp.ctrl.step(t_s, joint=JointSample(q, np.zeros(6), t_s), nominal=NominalSample(np.zeros(6), t_s),
+        hp.ctrl.step(t_s, joint=JointSample(q, np.zeros_like(q), t_s), nominal=NominalSample(np.zeros_like(q), t_s),
                      wrench=WrenchSample(np.zeros(3), t_s, hp.ctrl.config.ft_frame))
         if hp.ctrl.reset()[0]:
             return
@@ -253,8 +253,8 @@ def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None
     box = np.array(limits.keepout_boxes_m[:6], dtype=float) if len(limits.keepout_boxes_m) >= 6 else None
     box_center = 0.5 * (box[:3] + box[3:]) if box is not None else np.array([-0.5, 0.0, 0.2])
     goal = hp.task.sample_goals(rng, 1)[0]
-    mode, burst = "reach", np.zeros(6)
-    q, qd = HOME.copy(), np.zeros(6)
+    mode, burst = "reach", np.zeros(len(hp.names))
+    q, qd = HOME.copy(), np.zeros(len(hp.names))
     hp.wm.reset()
     ft = hp.ctrl.config.ft_frame
     wrench = lambda t_s: WrenchSample(np.zeros(3), t_s, ft)  # noqa: E731 (a free tool: the tare is zero)
@@ -321,7 +321,7 @@ def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None
         if hp.ctrl.supervisor.latched and not np.any(qd):
             hp.ctrl.reset()  # the operator (a latched fault stops the stream otherwise)
         if out.is_stop and not np.any(qd):  # stopped for good (e.g. deep in a keep-out): start over
-            q, qd = HOME.copy(), np.zeros(6)
+            q, qd = HOME.copy(), np.zeros(len(hp.names))
             hp.wm.reset()
     stages = {k: stats_us(v) for k, v in t.items()}
     stages["qp.osqp_update_solve"] = stats_us(qp_ns)

@@ -25,12 +25,13 @@ import osqp
 from scipy import sparse
 
 from robot_wm import description
+from robot_wm.contracts import JOINT_NAMES, N_JOINTS
 from robot_wm.core.kinematics import Kinematics
 from robot_wm.core.reacher import DlsReacher
 from robot_wm.core.safety import FilterInput, SafetyFilter, load_safety_limits
 
 DT = 0.01
-HOME = np.array([0.0, -1.5708, 1.5708, -1.5708, -1.5708, 0.0])
+HOME = description.initial_positions(JOINT_NAMES)  # config/initial_positions.yaml
 
 
 def _pct(values, unit_scale: float = 1e6, fmt: str = "{:8.1f}") -> str:
@@ -46,7 +47,7 @@ def stream(filt: SafetyFilter, kin: Kinematics, periods: int, seed: int = 0):
     limits = filt.limits
     rng = np.random.default_rng(seed)
     reacher = DlsReacher(kin, HOME, limits.vel_max_radps * 1.5, max_tool_speed_mps=0.8)
-    q, qd = HOME.copy(), np.zeros(6)
+    q, qd = HOME.copy(), np.zeros(N_JOINTS)
     box_center = np.array(limits.keepout_boxes_m[:3]) + 0.5 * (
         np.array(limits.keepout_boxes_m[3:6]) - np.array(limits.keepout_boxes_m[:3]))
     goal, mode = rng.uniform([-0.6, -0.3, 0.15], [-0.3, 0.2, 0.5]), "reach"
@@ -54,9 +55,9 @@ def stream(filt: SafetyFilter, kin: Kinematics, periods: int, seed: int = 0):
         if t % 150 == 0:
             mode = rng.choice(["reach", "reach", "reach", "limits", "table", "keepout"])
             goal = rng.uniform([-0.6, -0.3, 0.15], [-0.3, 0.2, 0.5])
-            burst = rng.choice([-1.0, 1.0], 6) * limits.vel_max_radps * 2.0
+            burst = rng.choice([-1.0, 1.0], N_JOINTS) * limits.vel_max_radps * 2.0
         if mode == "reach":
-            nominal = reacher(q, goal) + 0.05 * rng.standard_normal(6)
+            nominal = reacher(q, goal) + 0.05 * rng.standard_normal(N_JOINTS)
         elif mode == "limits":
             nominal = burst
         else:
@@ -72,7 +73,7 @@ def stream(filt: SafetyFilter, kin: Kinematics, periods: int, seed: int = 0):
         qd = out.u_safe_radps
         q = q + qd * DT
         if out.is_stop and not np.any(qd):
-            q, qd = HOME.copy(), np.zeros(6)  # an unrecoverable state stopped the arm: start over
+            q, qd = HOME.copy(), np.zeros(N_JOINTS)  # an unrecoverable state stopped the arm: start over
 
 
 def cvxpy_solve(cp, filt: SafetyFilter, snap) -> tuple[np.ndarray, float, str]:
