@@ -17,6 +17,7 @@ examples:
   robot-wm up                         bring up the node graph on the embedded arm
   robot-wm demo                       the whole stack on the embedded arm: goals, push, e-stop, summary + report
   robot-wm estop | reset | status     operator commands for the running stack's safety filter
+  robot-wm tare                       re-tare the F/T sensor after a payload change (e-stop first)
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
 
 learning (CPU, minutes; commands behind the shipped models: models/README.md):
@@ -161,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("reset", help="operator: release the e-stop / latched fault (refused while a fault persists)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter")
     p.set_defaults(func=_trigger_verb("/robot_wm/reset_estop"))
+    p = verbs.add_parser("tare", help="operator: re-tare the F/T sensor (while latched, at rest, nothing touching the tool)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter")
+    p.set_defaults(func=_trigger_verb("/safety_filter/tare"))
     p = verbs.add_parser("status", help="operator: print the safety filter's state")
     p.add_argument("--watch", type=float, default=0.0, help="keep printing for this many seconds")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a status message")

@@ -77,8 +77,10 @@ def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
                 s = latest[-1]
                 active = ", ".join(s.active_constraints) or "-"
                 reason = f"  reason: {s.fault_reason}" if s.fault_reason else ""
+                latches = f"  latched: {', '.join(s.latches)} (robot-wm reset)" if s.latches else ""
+                kind = f"  fault: {s.fault_kind}" if s.fault_kind else ""
                 print(f"safety: {s.state_text:<9} active: {active}  intervention {s.intervention_norm:.3f} rad/s  "
-                      f"solve {s.solve_time_s * 1e6:.0f} us ({s.iterations} it){reason}", flush=True)
+                      f"solve {s.solve_time_s * 1e6:.0f} us ({s.iterations} it){latches}{kind}{reason}", flush=True)
                 last_print = now
                 latest[:] = latest[-1:]
             if now >= end:

@@ -74,6 +74,8 @@ EXPECTED_FIELDS = {
         "solve_time_s": "double",
         "max_slack": "double",
         "fault_reason": "string",
+        "fault_kind": "string",
+        "latches": "sequence<string>",
     },
     "TrustState": {
         "header": "std_msgs/Header",

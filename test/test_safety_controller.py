@@ -253,19 +253,34 @@ def test_an_exception_inside_a_period_is_a_controlled_stop_and_a_latched_fault(k
 
 
 def test_a_world_model_that_raises_is_a_latched_model_fault(kin, limits):
+    """A world model that raises is a latched MODEL fault, and it is checked while latched too: an
+    operator's reset is refused for as long as the model is broken, naming it."""
+
     class Broken:
+        broken = False
+
         def linearize_with_std(self, q, qd, u):
-            raise RuntimeError("onnxruntime: invalid input")
+            if self.broken:
+                raise RuntimeError("onnxruntime: invalid input")
+            return _lagged().linearize_with_std(q, qd, u)
 
         def commit(self, u):
             pass
 
-    rig = Rig(SafetyController(limits, kin, config(require_model=True), model=Broken()))
-    rig.step()
-    rig.ctrl.reset()
+    model = Broken()
+    rig = Rig(SafetyController(limits, kin, config(require_model=True), model=model))
+    rig.enable()
+    moving(rig, [0.3, 0, 0, 0, 0, 0])
+    model.broken = True
     out = rig.step()
     assert out.state == FilterState.FAULT and out.fault_kind == FaultKind.MODEL and "linearization failed" in out.reason
     assert Latch.FAULT in rig.ctrl.supervisor.latches
+    rig.run(30)
+    ok, msg = rig.ctrl.reset()
+    assert not ok and "linearization failed" in msg
+    model.broken = False
+    rig.step()
+    assert rig.ctrl.reset()[0]
 
 
 # ---------------------------------------------------------------------- 4: force
@@ -467,24 +482,30 @@ def test_a_glitchy_velocity_sample_does_not_open_the_acceleration_box(kin, limit
 
 # ---------------------------------------------------------------------- 8: implausible model
 def test_an_implausible_world_model_slope_is_a_fault_with_require_model(kin, limits):
-    """Item 8: docs say FAULT; the old filter quietly used the kinematic model instead."""
+    """Item 8: docs say FAULT; the old filter quietly used the kinematic model instead. The fault is
+    transient (the arm stops while the slope is implausible: a controlled stop from the last command)."""
 
-    class Backwards:
+    class BackwardsForTheElbow:
         def linearize_with_std(self, q, qd, u):
-            b = np.vstack([DT * np.eye(6), np.eye(6)])
-            b[6 + 2, 2] = -0.2
-            return np.concatenate([q, qd]), b, np.zeros(12)
+            f0, b, sig = _lagged().linearize_with_std(q, qd, u)
+            if abs(u[2]) > 0:  # commanding the elbow: the model says faster means slower
+                b = b.copy()
+                b[6 + 2, 2] = -0.2
+            return f0, b, sig
 
         def commit(self, u):
             pass
 
-    rig = Rig(SafetyController(limits, kin, config(require_model=True), model=Backwards()))
-    rig.step()
-    rig.ctrl.reset()
-    rig.nominal = np.array([0.0, 0.0, 0.3, 0.0, 0.0, 0.0])
+    rig = Rig(SafetyController(limits, kin, config(require_model=True), model=BackwardsForTheElbow()))
+    rig.enable()
+    moving(rig, [0.3, 0, 0, 0, 0, 0])
+    last = rig.qd.copy()
+    rig.nominal = np.array([0.3, 0.0, 0.3, 0.0, 0.0, 0.0])
     out = rig.step()
-    assert out.state == FilterState.FAULT and out.fault_kind == FaultKind.MODEL_IMPLAUSIBLE
-    assert np.array_equal(out.u_safe_radps, np.zeros(6))
+    assert out.state == FilterState.FAULT and out.fault_kind == FaultKind.MODEL_IMPLAUSIBLE and not out.latches
+    assert is_ramp_from(out.u_safe_radps, last, limits)
+    rig.nominal = np.array([0.3, 0, 0, 0, 0, 0])
+    assert rig.run(30)[-1].state in (FilterState.OK, FilterState.FILTERING)  # plausible again: it resumes
 
 
 # ---------------------------------------------------------------------- 11: soft-row slack
@@ -548,3 +569,134 @@ def test_diagnostics_summary_names_latches_tare_and_counts(kin, limits):
     rig.run(5)
     summary = rig.ctrl.summary()
     assert summary["latches"] == "" and int(summary["active_periods:acceleration_limit:shoulder_pan"]) >= 4
+
+
+# ---------------------------------------------------------------------- what the review found
+def test_a_malformed_message_replaced_within_a_period_still_latches(kin, limits):
+    """The period reads only the newest sample of each input; a malformed message followed by a good
+    one before the next period is seen on arrival (note) and still latches, and a trust STOP/HUMAN
+    followed by FULL within a period still latches the trust latch."""
+    rig = Rig(SafetyController(limits, kin, config()))
+    rig.trust = (TrustLevel.FULL, Phase.SIM)
+    rig.enable()
+    moving(rig, [0.3, 0, 0, 0, 0, 0])
+    for bad in (NominalSample([np.nan] * 6, rig.t), JointSample(None, None, rig.t, error="joint_states: 5 names"),
+                TrustSample(42, 0, rig.t)):
+        rig.ctrl.note(bad)  # ... then the good message arrives before the period
+        out = rig.step()
+        assert out.state == FilterState.FAULT and "fault" in out.latches, (bad, out.reason)
+        rig.run(40)
+        assert rig.ctrl.reset()[0]
+        moving(rig, [0.3, 0, 0, 0, 0, 0])
+    rig.ctrl.note(TrustSample(TrustLevel.HUMAN, Phase.SIM, rig.t))
+    out = rig.step()  # the monitor said FULL again in the meantime (rig.trust)
+    assert "trust" in out.latches and out.is_stop
+
+
+def test_auto_enable_never_releases_latches_carried_into_a_new_controller(kin, limits):
+    """enable_on_start releases the start latch of a fresh start only: a cleanup -> configure (a new
+    controller carrying the deactivate latch) waits for an operator."""
+    first = SafetyController(limits, kin, config(auto_enable=True))
+    Rig(first).run(3)
+    assert not first.supervisor.latched  # enabled itself
+    first.hold("deactivated (lifecycle)")
+    again = Rig(SafetyController(limits, kin, config(auto_enable=True), latches=first.supervisor.latches))
+    again.nominal = np.array([0.3, 0, 0, 0, 0, 0])
+    assert all(o.state == FilterState.ESTOP and "start" in o.latches for o in again.run(50))
+
+
+def test_no_reset_before_a_period_has_checked_the_inputs(kin, limits):
+    ctrl = SafetyController(limits, kin, config())
+    ok, msg = ctrl.reset()
+    assert not ok and "no control period" in msg
+    rig = Rig(ctrl)
+    rig.step()
+    assert ctrl.reset()[0]
+    ctrl.hold("deactivated (lifecycle)")
+    assert not ctrl.reset()[0]
+
+
+def test_a_re_tare_under_a_contact_from_above_is_refused_and_an_operator_can_re_tare(kin, limits):
+    """Once tared, a later tare at rest is refused when the reading disagrees with the tare (here a
+    25 N push from above after an e-stop, which would pass as a 2.5 kg heavier payload); an
+    operator's re-tare (after a real payload change) takes the next rest window."""
+    rig = _at_rest_with_sensor(kin, limits)
+    rot = kin.frame_pose(rig.q, FT).rotation
+    payload = rot.T @ np.array([0.0, 0.0, -0.8 * GRAVITY_MPS2])
+    rig.wrench = payload
+    rig.enable()
+    assert rig.ctrl.tare.tare.payload_kg == pytest.approx(0.8, abs=0.01)
+    rig.ctrl.request_estop("operator")
+    rig.wrench = payload + rot.T @ np.array([0.0, 0.0, -25.0])  # stuck under something
+    rig.run(60)
+    assert rig.ctrl.tare.tare.payload_kg == pytest.approx(0.8, abs=0.01) and "differs" in rig.ctrl.tare.last_refusal
+    assert rig.ctrl.reset()[0]
+    out = rig.step()
+    assert out.force_base_n is not None and np.linalg.norm(out.force_base_n) == pytest.approx(25.0, abs=0.1)
+    assert not rig.ctrl.request_tare()[0]  # not while it runs
+    rig.ctrl.request_estop("operator")
+    assert rig.ctrl.request_tare()[0]
+    rig.wrench = rot.T @ np.array([0.0, 0.0, -1.5 * GRAVITY_MPS2])  # the new payload, free
+    rig.run(40)
+    assert rig.ctrl.tare.tare.payload_kg == pytest.approx(1.5, abs=0.01)
+
+
+@pytest.mark.parametrize("stamp", [float("nan"), float("inf"), 1e9], ids=["nan", "inf", "future"])
+def test_a_stamp_that_is_not_a_time_of_this_clock_is_a_latched_timing_fault(kin, limits, stamp):
+    """A NaN, infinite or far-future stamp would never go stale: it is a TIMING fault instead."""
+    rig = Rig(SafetyController(limits, kin, config()))
+    rig.enable()
+    moving(rig, [0.3, 0, 0, 0, 0, 0])
+    out = rig.step(nominal=NominalSample([0.3, 0, 0, 0, 0, 0], stamp))
+    assert out.fault_kind == FaultKind.TIMING and "nominal command" in out.reason and "fault" in out.latches
+
+
+@pytest.mark.parametrize("level", [2.9, True, 3.0000001, -1], ids=["2.9", "True", "nearly_3", "-1"])
+def test_a_trust_level_that_is_not_exactly_a_level_is_malformed(kin, limits, level):
+    rig = Rig(SafetyController(limits, kin, config()))
+    rig.trust = (level, Phase.SIM)
+    out = rig.run(2)[-1]
+    assert out.fault_kind == FaultKind.TRUST and "fault" in out.latches
+
+
+def test_a_trust_state_once_seen_is_not_forgotten(kin, limits):
+    """A caller that stops passing the trust sample does not fall back to the default level: the
+    last TrustState is kept, and goes stale."""
+    rig = Rig(SafetyController(limits, kin, config(trust_timeout_s=0.1)))
+    rig.trust = (TrustLevel.FULL, Phase.SIM)
+    rig.enable()
+    rig.trust = None
+    outs = rig.run(20)
+    assert outs[-1].fault_kind == FaultKind.STALE and "trust state" in outs[-1].reason
+
+
+def test_a_trust_state_cannot_loosen_the_configured_phase(kin, limits):
+    """On hardware the configured phase is REAL (speed x0.5): a TrustState claiming SIM does not
+    double the speed limits; one claiming a tighter phase tightens them."""
+    rig = Rig(SafetyController(limits, kin, config(default_phase=Phase.REAL)))
+    rig.trust = (TrustLevel.FULL, Phase.SIM)
+    rig.enable()
+    rig.nominal = np.array([0, 0, 0, 0, 0, 2.0])  # wrist_3 alone: no tool speed
+    rig.run(40)
+    assert rig.qd[5] == pytest.approx(2.0 * limits.phase_speed_scale[Phase.REAL], abs=1e-6)
+
+
+def test_an_exception_whose_text_fails_still_gives_a_controlled_stop(kin, limits, monkeypatch):
+    class Nasty(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    rig = Rig(SafetyController(limits, kin, config()))
+    rig.enable()
+
+    def broken(inp):
+        raise Nasty()
+
+    monkeypatch.setattr(rig.ctrl.filter, "filter", broken)
+    out = rig.step()
+    assert out.state == FilterState.FAULT and out.fault_kind == FaultKind.INTERNAL and "Nasty" in out.reason
+
+
+def test_a_force_sensor_frame_missing_from_the_urdf_fails_at_construction(kin, limits):
+    with pytest.raises(ValueError, match="not a frame of the URDF"):
+        SafetyController(limits, kin, config(force_sensor=True, ft_frame="no_such_frame"))

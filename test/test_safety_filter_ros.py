@@ -245,5 +245,9 @@ def test_lifecycle_cycles_add_no_timers_and_keep_the_latches(ros_context):
             node.trigger_activate()
             assert node.controller.supervisor.latch_names() == ("start",)
         assert len(list(node.timers)) == timers
+        # a lifecycle shutdown from active stops commanding: no control timer, the start latch set
+        node.trigger_shutdown()
+        assert node._control_timer is None and len(list(node.timers)) == timers - 1
+        assert node.controller.supervisor.latch_names() == ("start",)
     finally:
         node.destroy_node()

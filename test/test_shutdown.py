@@ -77,12 +77,19 @@ PROGRAMS = {
 class Ready:
     """Waits until a program runs: N messages on its topic, or its lifecycle node is active."""
 
-    def __init__(self, context, how) -> None:
+    def __init__(self, how) -> None:
         import importlib
 
+        import rclpy
+        from rclpy.context import Context
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.node import Node
 
+        # a context of its own, shut down before the program is signalled: its DDS participant and
+        # shared-memory segments are gone when the test looks for segments the program left behind
+        self.context = Context()
+        rclpy.init(context=self.context)
+        context = self.context
         self.node = Node("shutdown_probe", context=context)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
@@ -123,18 +130,21 @@ class Ready:
         return False
 
     def close(self) -> None:
+        import rclpy
+
         self.executor.remove_node(self.node)
         self.node.destroy_node()
         self.executor.shutdown(timeout_sec=1.0)
+        rclpy.shutdown(context=self.context)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("program", list(PROGRAMS))
-def test_clean_exit_on_signal(spawn, ros_context, program, sig):
+def test_clean_exit_on_signal(spawn, program, sig):
     cmd, how = PROGRAMS[program]
     before = _fastdds_segments()
     proc = spawn(cmd)
-    ready = Ready(ros_context, how)
+    ready = Ready(how)
     try:
         # running: timers firing, participants discovered (20 messages of its own, or active)
         assert ready.wait(proc, 20, 60.0), f"{program} never ran (or exited early):\n{proc.output()}"

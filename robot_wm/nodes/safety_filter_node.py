@@ -103,6 +103,7 @@ class SafetyFilterNode(ControlNode):
         tare_window = declare(self, "tare_window_s", 0.3, "F/T readings at rest averaged into one tare (s)", range_=(0.01, 10.0), read_only=True)
         tare_bias = declare(self, "tare_max_bias_n", 10.0, "largest plausible F/T bias; more at rest means a contact (N)", range_=(0.1, 1000.0), read_only=True)
         tare_payload = declare(self, "tare_max_payload_kg", 5.0, "largest plausible payload below the F/T sensor (kg)", range_=(0.01, 100.0), read_only=True)
+        tare_tol = declare(self, "tare_tolerance_n", 5.0, "a later tare must agree with the current one within this (N); ~/tare re-tares", range_=(0.1, 1000.0), read_only=True)
         slack_time = declare(self, "slack_time_s", 0.1, "a soft constraint exceeded beyond its tolerance for longer than this latches a FAULT (s)", range_=(0.001, 10.0), read_only=True)
         slack_tol = declare(self, "slack_tolerance", [0.05, 0.005, 0.02], "tolerances of tool speed (m/s), workspace (m), force (m/s) slack", read_only=True)
         enable = declare(self, "enable_on_start", False, "release the start latch by itself once inputs allow (embedded-arm demo graph only; never on hardware)", read_only=True)
@@ -123,7 +124,7 @@ class SafetyFilterNode(ControlNode):
             self.config = ControllerConfig(
                 dt_s=self.period_s, require_model=require_model, latch_stale=latch_stale, default_trust_level=level,
                 default_phase=phase, trust_timeout_s=trust_timeout, force_sensor=force_sensor, ft_frame=self.ft_frame,
-                tare_window_s=tare_window, tare_max_bias_n=tare_bias, tare_max_payload_kg=tare_payload,
+                tare_window_s=tare_window, tare_max_bias_n=tare_bias, tare_max_payload_kg=tare_payload, tare_tolerance_n=tare_tol,
                 slack_tolerance=tuple(slack_tol), slack_time_s=slack_time, auto_enable=enable)
         except ValueError as exc:
             raise NodeConfigError(f"safety_filter: {exc}") from exc
@@ -136,6 +137,7 @@ class SafetyFilterNode(ControlNode):
 
         self.controller: SafetyController | None = None
         self._carried_latches: dict[Latch, str] = {}  # latches kept across cleanup -> configure
+        self._configured_before = False
         self._cmd_pub = self.create_publisher(Float64MultiArray, self.command_topic, 10)
         self._status_pub = self.create_publisher(SafetyStatus, "/robot_wm/safety_status", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -149,6 +151,7 @@ class SafetyFilterNode(ControlNode):
         self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
         self.create_service(Trigger, "/robot_wm/estop", self._on_estop)
         self.create_service(Trigger, "/robot_wm/reset_estop", self._on_reset)
+        self.create_service(Trigger, "~/tare", self._on_tare)
         self.create_timer(1.0, self._publish_diagnostics)  # once: it reports whatever state the node is in
 
     # ---- parameters: limits may only get safer at run time, applied in place
@@ -226,12 +229,17 @@ class SafetyFilterNode(ControlNode):
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
             self.get_logger().error(f"world model unavailable ({exc}); "
                                     + ("every period will stop the arm" if self.config.require_model else "using the kinematic model"))
+        # latches come along from the controller this node had (cleanup, error) and enable_on_start
+        # releases the start latch of the first configure only: a later configure waits for an operator
+        carried = dict(self.controller.supervisor.latches) if self.controller is not None else self._carried_latches
+        config = self.config if not self._configured_before else dataclasses.replace(self.config, auto_enable=False)
         try:
             kin = Kinematics(urdf, self.joint_names)
-            self.controller = SafetyController(self.limits, kin, self.config, runner, latches=self._carried_latches)
+            self.controller = SafetyController(self.limits, kin, config, runner, latches=carried)
         except (SafetyLimitsError, ValueError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
+        self._configured_before = True
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
@@ -253,22 +261,49 @@ class SafetyFilterNode(ControlNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: State) -> TransitionCallbackReturn:
-        self._send_zero()
+        self._halt("shut down (lifecycle)")
         return TransitionCallbackReturn.SUCCESS
 
-    # ---- inputs: stored as stamped samples; every check happens in the controller
+    def on_error(self, state: State) -> TransitionCallbackReturn:
+        self._halt("lifecycle error")
+        return TransitionCallbackReturn.SUCCESS
+
+    def _halt(self, reason: str) -> None:
+        """Stop commanding: no more control periods, the start latch set, a zero command sent."""
+        if self._control_timer is not None:  # rclpy timers are not lifecycle-managed
+            self.destroy_timer(self._control_timer)
+            self._control_timer = None
+        if self.controller is not None:
+            self.controller.hold(reason)
+        self._send_zero()
+
+    # ---- inputs: stored as stamped samples; every check happens in the controller, which also sees
+    # each message as it arrives (note): a malformed one replaced within a period still latches
+    def _note(self, sample) -> None:
+        if self.controller is not None:
+            self.controller.note(sample)
+
+    @_guarded
+    def _on_joint_state(self, msg) -> None:
+        super()._on_joint_state(msg)
+        if self.state_error is not None:
+            self._note(JointSample(None, None, time.monotonic(), error=self.state_error))
+
     @_guarded
     def _on_nominal(self, msg: Float64MultiArray) -> None:
         self._nominal = NominalSample(np.asarray(msg.data, dtype=float), time.monotonic())
+        self._note(self._nominal)
 
     @_guarded
     def _on_wrench(self, msg: WrenchStamped) -> None:
         f = msg.wrench.force
         self._wrench = WrenchSample(np.array([f.x, f.y, f.z]), time.monotonic(), msg.header.frame_id)
+        self._note(self._wrench)
 
     @_guarded
     def _on_trust(self, msg: TrustState) -> None:
         self._trust = TrustSample(int(msg.level), int(msg.phase), time.monotonic(), msg.reason)
+        self._note(self._trust)
 
     # ---- services
     @_guarded
@@ -280,6 +315,15 @@ class SafetyFilterNode(ControlNode):
             response.success, response.message = self.controller.request_estop("operator e-stop")
             self._send_zero()  # now, not next period
         self.get_logger().warning(f"E-STOP: {response.message}")
+        return response
+
+    @_guarded
+    def _on_tare(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self.controller is None:
+            response.success, response.message = False, "tare refused: the safety filter is not configured"
+        else:
+            response.success, response.message = self.controller.request_tare()
+        self.get_logger().warning(response.message)
         return response
 
     @_guarded

@@ -30,7 +30,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from robot_wm.core.safety.limits import Phase, SafetyLimits, TrustLevel
+from robot_wm.core.safety.inputs import (
+    MOVING_LEVELS,
+    JointSample,
+    NominalSample,
+    TrustSample,
+    WrenchSample,
+    check_joint,
+    check_nominal,
+    check_stamp,
+    check_wrench,
+    parse_trust,
+)
+from robot_wm.core.safety.limits import Phase, SafetyLimits, ScaleFactors, TrustLevel
 from robot_wm.core.safety.qp import SafetyFilter
 from robot_wm.core.safety.supervisor import SafetySupervisor
 from robot_wm.core.safety.types import (
@@ -44,54 +56,11 @@ from robot_wm.core.safety.types import (
     LinearizedModel,
     no_slack,
 )
-from robot_wm.core.safety.validate import Problem, as_scalar, as_vector, show
+from robot_wm.core.safety.validate import Problem, as_scalar, as_vector, check_model
 from robot_wm.core.safety.wrench import ForceTare
-
-_MOVING_LEVELS = (TrustLevel.FULL, TrustLevel.CAUTIOUS, TrustLevel.SLOW)
 
 
 # ---------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class JointSample:
-    """A joint state: positions (rad) and velocities (rad/s) in joint order, and when it was measured.
-
-    ``error`` non-empty: the message could not be read (unknown joints, wrong lengths); the text
-    says why and the arrays are ignored.
-    """
-
-    q_rad: Any
-    qdot_radps: Any
-    stamp_s: float
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class NominalSample:
-    """The proposed command (rad/s, joint order) and when it was received."""
-
-    u_radps: Any
-    stamp_s: float
-
-
-@dataclass(frozen=True)
-class WrenchSample:
-    """The wrist F/T force reading (N) in the sensor's frame ``frame_id``, and when it was measured."""
-
-    force_n: Any
-    stamp_s: float
-    frame_id: str = ""
-
-
-@dataclass(frozen=True)
-class TrustSample:
-    """A TrustState: level (TrustLevel value), phase (Phase value), when, and the monitor's reason."""
-
-    level: Any
-    phase: Any
-    stamp_s: float
-    reason: str = ""
-
-
 class WorldModel(Protocol):
     """What the controller needs of a world model (``WorldModelRunner``)."""
 
@@ -118,7 +87,9 @@ class ControllerConfig:
             (the node warns at start).
         ft_frame: the frame the wrench must be given in.
         tare_window_s: readings at rest averaged into one tare.
-        tare_max_bias_n, tare_max_payload_kg: plausibility bounds of a tare (out of contact).
+        tare_max_bias_n, tare_max_payload_kg: plausibility bounds of a first tare (out of contact).
+        tare_tolerance_n: a later tare is refused when the reading at rest differs from the current
+            tare's by more than this (a contact, or a payload change: ``request_tare`` re-tares).
         standstill_radps: the arm is at rest when every measured |qdot| is below this.
         slack_tolerance: per soft family (tool_speed_mps, workspace_m, contact_force_mps), the
             slack beyond which a soft constraint counts as not kept.
@@ -138,6 +109,7 @@ class ControllerConfig:
     tare_window_s: float = 0.3
     tare_max_bias_n: float = 10.0
     tare_max_payload_kg: float = 5.0
+    tare_tolerance_n: float = 5.0
     standstill_radps: float = 0.02
     slack_tolerance: tuple[float, float, float] = (0.05, 0.005, 0.02)
     slack_time_s: float = 0.1
@@ -150,7 +122,7 @@ class ControllerConfig:
                 raise ValueError(f"ControllerConfig.{name}={getattr(self, name)!r}: expected a number in (0, {high:g}]")
 
         positive("dt_s", 1.0)
-        for name in ("trust_timeout_s", "tare_window_s", "tare_max_bias_n", "tare_max_payload_kg",
+        for name in ("trust_timeout_s", "tare_window_s", "tare_max_bias_n", "tare_max_payload_kg", "tare_tolerance_n",
                      "standstill_radps", "slack_time_s"):
             positive(name)
         for name, enum in (("default_trust_level", TrustLevel), ("default_phase", Phase)):
@@ -211,15 +183,19 @@ class SafetyController:
         self.filter = SafetyFilter(limits, kinematics, config.dt_s, require_model=config.require_model)
         self.n = self.filter.n
         self.supervisor = SafetySupervisor(latch_stale=config.latch_stale, latches=latches)
+        if config.force_sensor and not kinematics.model.existFrame(config.ft_frame):
+            raise ValueError(f"ft_frame {config.ft_frame!r} is not a frame of the URDF (force_sensor is true)")
         self.tare = ForceTare(max(1, round(config.tare_window_s / config.dt_s)), config.tare_max_bias_n,
-                              config.tare_max_payload_kg)
+                              config.tare_max_payload_kg, change_tolerance_n=config.tare_tolerance_n)
         self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
         self.last_output: ControllerOutput | None = None
         self._last_step_s: float | None = None
         self._slack_periods = 0
-        self._auto_enable_pending = bool(config.auto_enable)
+        # auto_enable releases the start latch of a fresh start only, never carried latches
+        self._auto_enable_pending = bool(config.auto_enable) and not latches
         self._tracebacks_seen: set[tuple[str, str]] = set()
-        self._ft_frame_known = self.kinematics.model.existFrame(config.ft_frame)
+        self._noted: list[Problem] = []  # latching problems of messages checked on arrival
+        self._last_trust: TrustSample | None = None
 
     # ------------------------------------------------------------------ status
     @property
@@ -290,9 +266,52 @@ class SafetyController:
         return ok, message
 
     def hold(self, reason: str) -> None:
-        """Latch the start latch (lifecycle deactivate: the caller sends a zero command)."""
+        """Latch the start latch (lifecycle deactivate, shutdown: the caller sends a zero command).
+
+        A reset is refused until a control period has checked the inputs again.
+        """
         self.supervisor.latch(Latch.START, f"{reason}: waiting for operator enable (call /robot_wm/reset_estop)")
+        self.supervisor.evaluated = False
         self.last_command = np.zeros(self.n)
+
+    def request_tare(self) -> tuple[bool, str]:
+        """An operator's re-tare: forget the tare; the next rest window while latched takes a new one.
+
+        Only while a latch holds the arm (it must be at rest, and the operator says it is free).
+        """
+        if not self.config.force_sensor:
+            return False, "tare refused: force_sensor is false (no F/T sensor)"
+        if not self.supervisor.latched:
+            return False, "tare refused: e-stop first (the arm must be held at rest, out of contact)"
+        self.tare.forget()
+        return True, (f"tare: the next {self.config.tare_window_s:g} s at rest take a new tare (plausibility "
+                      "bounds only: make sure nothing touches the tool)")
+
+    def note(self, sample: JointSample | NominalSample | WrenchSample | TrustSample) -> None:
+        """Check one message as it arrives (between periods).
+
+        The period uses only the newest sample of each input; a malformed message followed by a good
+        one within the same period would otherwise never be seen. A malformed one is remembered and
+        latched by the next period; a trust level STOP/HUMAN latches at once.
+        """
+        try:
+            problem = None
+            if isinstance(sample, JointSample):
+                problem = check_joint(sample, self.n)[2]
+            elif isinstance(sample, NominalSample):
+                problem = check_nominal(sample, self.n)[1]
+            elif isinstance(sample, WrenchSample):
+                problem = check_wrench(sample, self.config.ft_frame)[1] if self.config.force_sensor else None
+            elif isinstance(sample, TrustSample):
+                level, _, problem = parse_trust(sample)
+                if level is not None and level not in MOVING_LEVELS:
+                    self.supervisor.latch(Latch.TRUST, f"trust level {level.name} (TrustState"
+                                                       f"{': ' + sample.reason if sample.reason else ''})")
+            if problem is not None and len(self._noted) < 10:
+                self._noted.append(problem)
+        except Exception as exc:  # noqa: BLE001 (a check must not raise into a subscription callback)
+            self._noted.append(Problem(FaultKind.INTERNAL, f"{FaultKind.INTERNAL.text}: checking a message: "
+                                                           f"{type(exc).__name__}"))
 
     def parameter_fault(self, reason: str) -> None:
         """Latch a FAULT for a malformed or out-of-range parameter value (the change was refused)."""
@@ -308,7 +327,9 @@ class SafetyController:
         """
         if limits == self.filter.limits:
             return False
-        self.filter = SafetyFilter(limits, self.kinematics, self.config.dt_s, require_model=self.config.require_model)
+        new = SafetyFilter(limits, self.kinematics, self.config.dt_s, require_model=self.config.require_model)
+        new.carry_timing(self.filter)
+        self.filter = new
         return True
 
     # ------------------------------------------------------------------ the period
@@ -351,12 +372,18 @@ class SafetyController:
                 self._auto_enable_pending = False
 
     def _internal_fault(self, exc: BaseException) -> ControllerOutput:
-        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        key = (type(exc).__name__, f"{where.filename}:{where.lineno}" if where else "")
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            key = (type(exc).__name__, f"{where.filename}:{where.lineno}" if where else "")
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        except Exception:  # noqa: BLE001
+            key, text = (type(exc).__name__, ""), f"{type(exc).__name__} (no traceback)"
         first = key not in self._tracebacks_seen
         self._tracebacks_seen.add(key)
-        reason = f"{FaultKind.INTERNAL.text}: {type(exc).__name__}: {exc}"
+        try:
+            reason = f"{FaultKind.INTERNAL.text}: {type(exc).__name__}: {exc}"
+        except Exception:  # noqa: BLE001 (an exception whose text cannot be made)
+            reason = f"{FaultKind.INTERNAL.text}: {type(exc).__name__}"
         try:
             self.supervisor.record_problem(Problem(FaultKind.INTERNAL, reason))
             u = self.filter.controlled_stop(self.last_command)
@@ -370,54 +397,42 @@ class SafetyController:
         cfg, dt, n, sup = self.config, self.config.dt_s, self.n, self.supervisor
         elapsed = None if self._last_step_s is None else max(now - self._last_step_s, 0.0)
         self._last_step_s = now
-        problems: list[Problem] = []
+        problems: list[Problem] = list(self._noted)  # malformed messages seen between periods
+        self._noted.clear()
+        ages: list[tuple[str, float]] = []
 
-        # joint state
+        def stamped(name: str, stamp_s) -> None:
+            problem = check_stamp(name, stamp_s, now, dt)
+            if problem is None:
+                ages.append((name, (now - float(stamp_s)) / dt))
+            else:
+                problems.append(problem)
+
         q = qd = None
-        ages = []
         if joint is None:
             problems.append(Problem(FaultKind.MISSING, "no joint state received yet (/joint_states)"))
-        elif joint.error:
-            problems.append(Problem(FaultKind.JOINT_STATE, f"{FaultKind.JOINT_STATE.text}: {joint.error}"))
         else:
-            q, qd = as_vector(joint.q_rad, n), as_vector(joint.qdot_radps, n)
-            if q is None or qd is None:
-                problems.append(Problem(FaultKind.JOINT_STATE, f"{FaultKind.JOINT_STATE.text}: q = {show(joint.q_rad)}, "
-                                        f"qdot = {show(joint.qdot_radps)}: expected {n} finite values each"))
-                q = qd = None
+            q, qd, problem = check_joint(joint, n)
+            if problem is None:
+                stamped("joint state", joint.stamp_s)
             else:
-                ages.append(("joint state", (now - joint.stamp_s) / dt))
-
-        # nominal command
+                problems.append(problem)
         u_nom = None
         if nominal is not None:
-            u_nom = as_vector(nominal.u_radps, n)
-            if u_nom is None:
-                problems.append(Problem(FaultKind.NOMINAL, f"{FaultKind.NOMINAL.text}: u_nominal_radps = "
-                                        f"{show(nominal.u_radps)}: expected {n} finite values"))
+            u_nom, problem = check_nominal(nominal, n)
+            if problem is None:
+                stamped("nominal command", nominal.stamp_s)
             else:
-                ages.append(("nominal command", (now - nominal.stamp_s) / dt))
-
-        # trust
-        level, phase, trust_problem = self._trust(now, trust)
-        if trust_problem is not None:
-            problems.append(trust_problem)
-
-        # wrench -> contact force in the base frame (tared at rest while latched)
-        force = None
-        if cfg.force_sensor:
-            force, wrench_problem, wrench_age = self._force(now, wrench, q, qd)
-            if wrench_problem is not None:
-                problems.append(wrench_problem)
-            if wrench_age is not None:
-                ages.append(("wrench", wrench_age))
-
+                problems.append(problem)
+        level, phase = self._trust(now, trust, problems)
+        force = self._force(now, wrench, q, qd, problems, stamped) if cfg.force_sensor else None
         age_name, age = max(ages, key=lambda a: a[1]) if ages else ("", 0.0)
+        age = max(age, 0.0)  # a stamp within one period ahead (clock skew) counts as fresh
         if age > self.limits.stale_limit_periods:
             problems.append(Problem(FaultKind.STALE, f"stale input: {age_name} {age:.3g} periods old > "
                                     f"stale_limit_periods {self.limits.stale_limit_periods}"))
-        if age < 0:  # a stamp from the future (another clock): count it as fresh, not as a fault
-            age = 0.0
+        # the world model is checked every period, latched or not: a reset is refused while it is broken
+        model = self._linearize(q, qd, u_nom, problems) if q is not None else None
         problem = next((p for p in problems if p.kind.latches), problems[0] if problems else None)
         sup.record_problem(problem)
         extra = dict(latches=(), input_age_periods=age, trust_level=level, phase=phase, force_base_n=force)
@@ -429,17 +444,7 @@ class SafetyController:
         if u_nom is None:
             return self._stop_output(FilterState.STOPPING, "waiting for the nominal command", None, elapsed, qd, None,
                                      extra)
-
-        # the world model's linearization about the nominal command
-        model = None
-        if self.model is not None:
-            try:
-                model = LinearizedModel(*self.model.linearize_with_std(q, qd, u_nom))
-            except Exception as exc:  # noqa: BLE001 (onnxruntime raises its own types)
-                p = Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: {type(exc).__name__}: {exc}")
-                sup.record_problem(p)
-                return self._stop_output(FilterState.FAULT, p.reason, p.kind, elapsed, qd, u_nom, extra)
-        s = self.limits.scale_for(level, phase)
+        s = self._scales(level, phase)
         out = self.filter.filter(FilterInput(
             q_rad=q, qdot_radps=qd, u_nominal_radps=u_nom, u_prev_radps=self.last_command, model=model,
             force_n=force, trust_scale=s.speed, accel_scale=s.acceleration, input_age_periods=age, elapsed_s=elapsed))
@@ -451,70 +456,94 @@ class SafetyController:
             out = dataclasses.replace(out, state=FilterState.STOPPED)
         if out.state in RUNNING_STATES:
             out = self._watch_slack(out, elapsed, qd, u_nom, extra)
-        else:
-            self._slack_periods = 0
         return ControllerOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(FilterOutput)},
                                 **dict(extra, latches=sup.latch_names()))
 
     # ------------------------------------------------------------------ pieces of the period
-    def _trust(self, now: float, trust: TrustSample | None):
-        """(level, phase, problem) for this period; STOP/HUMAN latch; sets whether trust blocks a reset."""
+    def _linearize(self, q, qd, u_nom, problems: list[Problem]) -> LinearizedModel | None:
+        """The world model's linearization about the nominal (zero before the first), or None."""
+        if self.model is None:
+            if self.config.require_model:
+                problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: world model missing (require_model)"))
+            return None
+        u = u_nom if u_nom is not None else np.zeros(self.n)
+        try:
+            lin = LinearizedModel(*self.model.linearize_with_std(q, qd, u))
+        except Exception as exc:  # noqa: BLE001 (onnxruntime raises its own types)
+            problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: "
+                                                     f"{type(exc).__name__}: {exc}"))
+            return None
+        checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
+        if isinstance(checked, Problem):
+            if checked.kind == FaultKind.MODEL or self.config.require_model:
+                problems.append(checked)
+                return None
+            return lin  # the QP replaces it by the kinematic model this period and says so
+        return checked
+
+    def _scales(self, level: TrustLevel, phase: Phase) -> ScaleFactors:
+        """Speed and acceleration factors: the level's, and the tighter of the message's phase and the
+        configured one (a TrustState can tighten the phase, never loosen it: SIM claimed on a real arm)."""
+        lim = self.limits
+        a, b = lim.scale_for(level, phase), lim.scale_for(level, self.config.default_phase)
+        return ScaleFactors(min(a.speed, b.speed), min(a.acceleration, b.acceleration))
+
+    def _trust(self, now: float, trust: TrustSample | None, problems: list[Problem]) -> tuple[TrustLevel, Phase]:
+        """(level, phase) for this period; STOP/HUMAN latch; sets whether trust blocks a reset."""
         cfg, sup = self.config, self.supervisor
+        trust = trust if trust is not None else self._last_trust  # a sample once seen is not forgotten
         if trust is None:
             level, phase = cfg.default_trust_level, cfg.default_phase
-            problem = None
-            source = "the default trust level (no TrustState received yet)"
+            source, problem = "the default trust level (no TrustState received yet)", None
         else:
-            try:
-                level, phase = TrustLevel(int(trust.level)), Phase(int(trust.phase))
-            except (TypeError, ValueError, OverflowError):
+            self._last_trust = trust
+            level, phase, problem = parse_trust(trust)
+            if problem is None:
+                problem = check_stamp("trust state", trust.stamp_s, now, cfg.dt_s)
+            if problem is not None:
+                problems.append(problem)
                 sup.trust_blocks_reset = "trust state malformed"
-                return TrustLevel.STOP, Phase.REAL, Problem(
-                    FaultKind.TRUST, f"{FaultKind.TRUST.text}: level={trust.level!r}, phase={trust.phase!r}: expected "
-                    f"level in {[f'{x.name}={x.value}' for x in TrustLevel]} and phase in "
-                    f"{[f'{x.name}={x.value}' for x in Phase]}")
-            age_s = now - trust.stamp_s
-            problem = None
+                return TrustLevel.STOP, Phase.REAL
+            age_s = now - float(trust.stamp_s)
             if age_s > cfg.trust_timeout_s:
                 problem = Problem(FaultKind.STALE, f"stale input: trust state {age_s:.3g} s old > trust_timeout_s "
                                   f"{cfg.trust_timeout_s:g}")
+                problems.append(problem)
             source = f"TrustState{': ' + trust.reason if trust.reason else ''}"
-        if level not in _MOVING_LEVELS:
+        if level not in MOVING_LEVELS:
             sup.latch(Latch.TRUST, f"trust level {level.name} ({source})")
             sup.trust_blocks_reset = f"trust level is {level.name}: a moving level (FULL, CAUTIOUS, SLOW) must come first"
         elif problem is not None:
             sup.trust_blocks_reset = f"trust state stale ({problem.reason})"
         else:
             sup.trust_blocks_reset = ""
-        return level, phase, problem
+        return level, phase
 
-    def _force(self, now: float, wrench: WrenchSample | None, q, qd):
-        """(contact force in the base frame or None, problem or None, wrench age in periods or None)."""
+    def _force(self, now: float, wrench: WrenchSample | None, q, qd, problems: list[Problem], stamped):
+        """The contact force in the base frame (tared), or None; problems are appended."""
         cfg = self.config
         if wrench is None:
-            return None, Problem(FaultKind.MISSING, "no wrench received yet (force_sensor is true: the F/T sensor "
-                                                     "is required)"), None
-        force_s = as_vector(wrench.force_n, 3)
-        if force_s is None:
-            return None, Problem(FaultKind.WRENCH, f"{FaultKind.WRENCH.text}: force = {show(wrench.force_n)}: "
-                                                   "expected 3 finite values (N)"), None
-        if wrench.frame_id != cfg.ft_frame:
-            return None, Problem(FaultKind.WRENCH, f"{FaultKind.WRENCH.text}: frame_id {wrench.frame_id!r}: expected "
-                                                   f"{cfg.ft_frame!r} (ft_frame)"), None
-        age = (now - wrench.stamp_s) / cfg.dt_s
-        if q is None or not self._ft_frame_known:
-            if not self._ft_frame_known:
-                return None, Problem(FaultKind.WRENCH, f"ft_frame {cfg.ft_frame!r} is not a frame of the URDF"), age
-            return None, None, age  # the joint state's own problem stops this period
+            problems.append(Problem(FaultKind.MISSING, "no wrench received yet (force_sensor is true: the F/T "
+                                                       "sensor is required)"))
+            return None
+        force_s, problem = check_wrench(wrench, cfg.ft_frame)
+        if problem is not None:
+            problems.append(problem)
+            return None
+        n_before = len(problems)
+        stamped("wrench", wrench.stamp_s)
+        if q is None or len(problems) > n_before:
+            return None  # the joint state's (or the stamp's) own problem stops this period
+        age = (now - float(wrench.stamp_s)) / cfg.dt_s
         rot = self.kinematics.frame_pose(q, cfg.ft_frame).rotation
-        fresh = age <= self.limits.stale_limit_periods
-        at_rest = (fresh and self.supervisor.latched and not np.any(self.last_command)
-                   and bool(np.all(np.abs(qd) < cfg.standstill_radps)))
+        at_rest = (age <= self.limits.stale_limit_periods and self.supervisor.latched
+                   and not np.any(self.last_command) and bool(np.all(np.abs(qd) < cfg.standstill_radps)))
         self.tare.observe(force_s, rot, at_rest)
         if not self.tare.ready:
             why = self.tare.last_refusal or f"the arm must rest {cfg.tare_window_s:g} s out of contact while latched"
-            return None, Problem(FaultKind.MISSING, f"F/T sensor not tared yet: {why}"), age
-        return self.tare.tare.contact_force_base(force_s, rot), None, age
+            problems.append(Problem(FaultKind.MISSING, f"F/T sensor not tared yet: {why}"))
+            return None
+        return self.tare.tare.contact_force_base(force_s, rot)
 
     def _at_standstill(self, u: np.ndarray, qd) -> bool:
         return (not np.any(u)) and qd is not None and bool(np.all(np.abs(qd) < self.config.standstill_radps))
@@ -544,7 +573,6 @@ class SafetyController:
             state = FilterState.STOPPED
         if self.supervisor.latched:  # this period's fault latched
             reason = f"{reason} (latched: reset to resume)"
-        self._slack_periods = 0
         return ControllerOutput(u_safe_radps=u, state=state, reason=reason, fault_kind=kind,
                                 intervention_norm=_norm(u, u_nom), **dict(extra, latches=self.supervisor.latch_names()))
 
@@ -568,5 +596,5 @@ def _norm(u: np.ndarray, u_nom) -> float:
 
 __all__ = [
     "ControllerConfig", "ControllerOutput", "JointSample", "NominalSample", "SafetyController", "TrustSample",
-    "WrenchSample", "no_slack",
+    "WrenchSample",
 ]

@@ -234,6 +234,12 @@ class SafetyFilter:
         self._ages.clear()
         self._coast_s = self.limits.reaction_time_s
 
+    def carry_timing(self, other: "SafetyFilter") -> None:
+        """Take over another filter's timing history (input ages, elapsed): limits applied in place."""
+        self._ages.extend(other._ages)
+        self._dt_brake, self._dt_up = other._dt_brake, other._dt_up
+        self._coast_s = self.limits.reaction_time_s + (max(self._ages) * self.dt_s if self._ages else 0.0)
+
     def snapshot(self) -> QpSnapshot:
         """A copy of the QP assembled in the latest period (what OSQP solved when it was solved)."""
         return QpSnapshot(self._A.copy(), self._l_qp.copy(), self._u_qp.copy(), self._q.copy(),

@@ -54,6 +54,7 @@ class SafetySupervisor:
         self.fault_now: Problem | None = None  # the latest period's input problem (None = healthy)
         self.stale_periods = 0  # consecutive periods with a stale or missing input
         self.trust_blocks_reset = ""  # why the current trust level does not allow a reset ("" = it does)
+        self.evaluated = False  # a period has checked the inputs since the start (or the last hold)
         self.periods = 0
         self.stop_events = 0
         self.constraint_counts: Counter[str] = Counter()
@@ -87,6 +88,7 @@ class SafetySupervisor:
     def record_problem(self, problem: Problem | None) -> None:
         """Note this period's input problem; a latching one sets the FAULT latch."""
         self.fault_now = problem
+        self.evaluated = True
         stale = problem is not None and problem.kind == FaultKind.STALE
         self.stale_periods = self.stale_periods + 1 if stale else 0
         if problem is not None and (problem.kind.latches or (stale and self.latch_stale)):
@@ -101,6 +103,8 @@ class SafetySupervisor:
         """
         if not self.latches:
             return False, f"reset refused: nothing to reset (no latch; state {self._last_state.name})"
+        if not self.evaluated:
+            return False, "reset refused: no control period has checked the inputs yet since the start (try again)"
         problem = self.fault_now
         if problem is not None:
             momentary = (problem.kind == FaultKind.STALE and not self.latch_stale

@@ -13,10 +13,13 @@ weight, the rest is bias. Out of contact is checked by plausibility: a tare is r
 implied payload mass is negative or above ``max_payload_kg`` (a push from below or above), or the
 implied bias exceeds ``max_bias_n`` (a sideways contact). The filter takes tares only while a
 latch holds the arm (at start-up, after an e-stop or fault) — the operator's reset is the
-statement that the arm is free — and never while it moves under the policy.
+statement that the arm is free — and never while it moves under the policy. Once a tare exists, a
+new one is taken only when the reading at rest agrees with the current tare (a contact pressing
+from above would otherwise pass as a heavier payload); after a payload change the operator
+re-tares (``ForceTare.forget`` via the node's ``~/tare`` service, while latched).
 
 Known limit: a payload picked up or dropped while running reads as a contact force (the F/T
-sensor cannot tell them apart); re-tare by an e-stop and reset at rest.
+sensor cannot tell them apart); re-tare by an e-stop, ``~/tare`` and a reset at rest.
 """
 from __future__ import annotations
 
@@ -56,16 +59,20 @@ class ForceTare:
         max_payload_kg: largest plausible payload; a heavier one means a push from above.
         mass_tolerance_kg: how far below zero the implied payload may be (noise); more means a push
             from below (e.g. resting on the table).
+        change_tolerance_n: once a tare exists, a new one is taken only when the reading at rest
+            is within this of what the current tare predicts (a contact pushing from above would
+            otherwise pass as payload); ``forget`` lets an operator re-tare after a payload change.
     """
 
     def __init__(self, window_periods: int, max_bias_n: float = 10.0, max_payload_kg: float = 5.0,
-                 mass_tolerance_kg: float = 0.3) -> None:
+                 mass_tolerance_kg: float = 0.3, change_tolerance_n: float = 5.0) -> None:
         if window_periods < 1:
             raise ValueError(f"window_periods={window_periods!r}: expected >= 1")
         self.window_periods = int(window_periods)
         self.max_bias_n = float(max_bias_n)
         self.max_payload_kg = float(max_payload_kg)
         self.mass_tolerance_kg = float(mass_tolerance_kg)
+        self.change_tolerance_n = float(change_tolerance_n)
         self.tare: Tare | None = None
         self.last_refusal = ""
         self.tares_taken = 0
@@ -77,6 +84,13 @@ class ForceTare:
     def ready(self) -> bool:
         """True once a plausible tare exists."""
         return self.tare is not None
+
+    def forget(self) -> None:
+        """Drop the tare (an operator's re-tare): the next rest window takes a new one."""
+        self.tare = None
+        self.last_refusal = ""
+        self._sum[:] = 0.0
+        self._count = 0
 
     def observe(self, force_sensor_n: np.ndarray, rot_base_sensor: np.ndarray, at_rest: bool) -> None:
         """Add one reading; ``at_rest`` False (moving, commanded, stale) restarts the window."""
@@ -95,7 +109,11 @@ class ForceTare:
     def _take(self, mean_force_n: np.ndarray, rot: np.ndarray) -> None:
         cand = estimate_tare(mean_force_n, rot)
         bias = float(np.linalg.norm(cand.bias_sensor_n))
-        if cand.payload_kg < -self.mass_tolerance_kg or cand.payload_kg > self.max_payload_kg:
+        change = 0.0 if self.tare is None else float(np.linalg.norm(self.tare.contact_force_base(mean_force_n, rot)))
+        if change > self.change_tolerance_n:
+            self.last_refusal = (f"tare refused: the reading at rest differs from the current tare by {change:.1f} N "
+                                 f"(> {self.change_tolerance_n:g} N): a contact? (a payload change: re-tare)")
+        elif cand.payload_kg < -self.mass_tolerance_kg or cand.payload_kg > self.max_payload_kg:
             self.last_refusal = (f"tare refused: the reading at rest implies a payload of {cand.payload_kg:.2f} kg "
                                  f"(expected 0..{self.max_payload_kg:g} kg): contact from below or above?")
         elif bias > self.max_bias_n:
