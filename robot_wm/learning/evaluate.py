@@ -206,6 +206,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--no-baseline", action="store_true", help="skip the scripted DLS baseline")
     which.add_argument("--no-policy", action="store_true", help="evaluate only the scripted baseline (no model needed)")
+    parser.add_argument("--stack", action="store_true",
+                        help="close the loop through the whole stack: policy -> safety filter (SafetyController with "
+                             "the world model, F/T, latches) -> arm; adds intervention_rate and violations")
+    parser.add_argument("--models", default=None,
+                        help="a model set's directory (policy.onnx, world_model.onnx + sidecars); default models/")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
@@ -239,8 +244,12 @@ def run(args: argparse.Namespace) -> int:
     except (TaskConfigError, ProfileError, DataFileError, OSError) as exc:
         return fail(str(exc))
     policies: dict[str, Policy | None] = {"policy": None, "baseline": None}
+    models_dir = Path(args.models) if args.models else None
+    if models_dir is not None and not models_dir.is_dir():
+        return fail(f"--models {models_dir}: not a directory")
     if not args.no_policy:
-        path = Path(args.policy) if args.policy else data_path("models", "policy.onnx", must_exist=False)
+        path = (Path(args.policy) if args.policy else models_dir / "policy.onnx" if models_dir is not None
+                else data_path("models", "policy.onnx", must_exist=False))
         try:
             names = description.joint_limits(description.expand()).names
             policies["policy"] = PolicyRunner(path, names, task.control_dt_s, task.action_limit_radps)
@@ -256,13 +265,21 @@ def run(args: argparse.Namespace) -> int:
             reports[key] = None
             continue
         try:
-            reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
+            if args.stack:
+                from robot_wm.learning.stack_eval import evaluate_stack
+
+                reports[key] = evaluate_stack(pol, profile, args.episodes, args.seed, task=task, models_dir=models_dir,
+                                              progress=not args.no_progress)
+            else:
+                reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
         except PolicyOutputError as exc:
             return fail(f"{key} failed during evaluation: {exc}", 1)
-        print(f"eval: {reports[key].policy}: {args.episodes} episodes on {profile.name} in {reports[key].wall_s:.1f} s",
-              file=sys.stderr)
+        except (ModelError, RuntimeError) as exc:
+            return fail(f"{key}: the stack could not run: {exc}")
+        print(f"eval{' --stack' if args.stack else ''}: {reports[key].policy}: {args.episodes} episodes on "
+              f"{profile.name} in {reports[key].wall_s:.1f} s", file=sys.stderr)
     if args.json:
-        out = {"profile": profile.name, "episodes": args.episodes, "seed": args.seed,
+        out = {"profile": profile.name, "episodes": args.episodes, "seed": args.seed, "stack": bool(args.stack),
                **{k: (r.to_dict() if r is not None else None) for k, r in reports.items()}}
         print(json.dumps(out))
     else:
@@ -283,6 +300,11 @@ def format_table(profile: str, episodes: int, seed: int, reports: dict[str, Eval
         ("peak tool speed max (m/s)", lambda d, r: f"{d['peak_tool_speed_mps_max']:.3f}"),
         ("wall time (s)", lambda d, r: f"{r.wall_s:.1f}"),
     ]
+    if cols and "intervention_rate" in cols[0][1].to_dict():  # whole-stack reports
+        rows[-1:-1] = [
+            ("filter intervention rate", lambda d, r: f"{100 * d['intervention_rate']:.1f} %"),
+            ("violations on the plant", lambda d, r: f"{d['violations']} " + str(d["violations_by_kind"])),
+        ]
     dicts = [(r.to_dict(), r) for _, r in cols]
     headers = [f"{k}: {r.policy}" for k, r in cols]
     width0 = max(len(label) for label, _ in rows)

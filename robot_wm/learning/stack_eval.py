@@ -1,0 +1,265 @@
+"""Whole-stack evaluation in library mode: ``robot-wm eval --stack``.
+
+The loop closes on the simulator through the same core objects the nodes run: the policy
+(``PolicyRunner``, or the scripted baseline) proposes a nominal command from the measured state,
+the safety filter's ``SafetyController`` — with the world model (``WorldModelRunner``), the wrist
+F/T sensor and its tare, the latches — turns it into the command that is sent, and ``ArmSim``
+executes it for one control period. So the numbers say what the robot would do, filter included:
+
+* the policy's nominal reaches the filter one control period after the state it was computed
+  from (``nominal_delay_periods``: separate node processes, each on its own timer);
+* every episode starts the way the real stack does: the filter latched at start-up, the arm at
+  rest while it tares the F/T sensor, then an operator's enable (these periods are not scored);
+* **intervention rate**: the fraction of scored periods in which the filter did not pass the
+  nominal command unchanged (FILTERING, or any stop);
+* **violations**, measured on the plant's TRUE state at the end of every control period: a joint
+  beyond its soft limit by more than ``JOINT_TOL_RAD``, the tool faster than the speed limit plus
+  ``SPEED_TOL_MPS`` (averaged over the period), a monitored point below the table or inside a
+  keep-out. The tolerances are the end-to-end tests' (test/test_adversarial_e2e.py), for the same
+  reasons: drive lag and latency after the filter's command.
+
+Success and the error metrics are the task's, on the true tool position, as in ``robot-wm eval``.
+No torch: numpy, onnxruntime, OSQP, pinocchio and MuJoCo.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from robot_wm.core.policy_runner import Policy, PolicyOutputError, make_obs
+from robot_wm.core.task import SuccessTracker, TaskSpec, load_task
+from robot_wm.learning.evaluate import DEFAULT_EPISODES, make_episodes
+
+JOINT_TOL_RAD = 0.02  # a joint may coast this far past a soft limit after a braking command (drive lag)
+SPEED_TOL_MPS = 0.1  # the drive's tracking overshoot above the commanded tool speed limit
+VIOLATION_KINDS = ("joint_limit", "tool_speed", "workspace")
+
+
+@dataclass
+class StackEvalReport:
+    """Result of ``evaluate_stack``: summary metrics plus the per-episode arrays they come from."""
+
+    policy: str
+    profile: str
+    episodes: int
+    seed: int
+    success: np.ndarray  # (n,) bool
+    final_error_m: np.ndarray  # (n,) true tool-goal distance at the end
+    time_to_goal_s: np.ndarray  # (n,) NaN where no success
+    peak_tool_speed_mps: np.ndarray  # (n,) true tool speed, period average
+    interventions: np.ndarray  # (n,) scored periods in which the filter changed the command
+    periods: np.ndarray  # (n,) scored periods
+    violations: dict[str, np.ndarray]  # kind -> (n,) periods with that breach on the plant
+    states: Counter = field(default_factory=Counter)  # filter states over all scored periods
+    wall_s: float = field(default=0.0, compare=False)
+
+    @property
+    def success_rate(self) -> float:
+        return float(np.mean(self.success))
+
+    @property
+    def intervention_rate(self) -> float:
+        return float(self.interventions.sum() / max(self.periods.sum(), 1))
+
+    def to_dict(self) -> dict:
+        """Summary metrics as plain JSON-able values (units in the keys; null where undefined)."""
+        ttg = self.time_to_goal_s[self.success]
+
+        def r(x) -> float | None:
+            return None if x is None or not np.isfinite(x) else round(float(x), 6)
+
+        return {
+            "policy": self.policy,
+            "profile": self.profile,
+            "episodes": int(self.episodes),
+            "seed": int(self.seed),
+            "success_rate": r(self.success_rate),
+            "successes": int(np.count_nonzero(self.success)),
+            "intervention_rate": r(self.intervention_rate),
+            "violations": int(sum(int(v.sum()) for v in self.violations.values())),
+            "violations_by_kind": {k: int(v.sum()) for k, v in self.violations.items()},
+            "final_error_m_median": r(np.median(self.final_error_m)),
+            "final_error_m_p90": r(np.percentile(self.final_error_m, 90)),
+            "time_to_goal_s_median": r(np.median(ttg)) if ttg.size else None,
+            "peak_tool_speed_mps_median": r(np.median(self.peak_tool_speed_mps)),
+            "peak_tool_speed_mps_max": r(np.max(self.peak_tool_speed_mps)),
+            "filter_states": dict(sorted(self.states.items())),
+        }
+
+
+class PlantCheck:
+    """Limit breaches of the plant's true state (joint limits, tool speed, table and keep-outs)."""
+
+    def __init__(self, kinematics, limits) -> None:
+        self.kin, self.limits = kinematics, limits
+        self.frames = tuple(limits.monitored_frames)
+        self.lo, self.hi = np.asarray(limits.lower_rad), np.asarray(limits.upper_rad)
+        self.boxes = np.asarray(limits.keepout_boxes_m, dtype=float).reshape(-1, 6)
+        self.spheres = np.asarray(limits.keepout_spheres_m, dtype=float).reshape(-1, 4)
+
+    def __call__(self, q_true: np.ndarray, tool_speed_mps: float) -> dict[str, bool]:
+        """Which kinds of limit the true state breaches (beyond the stated tolerances)."""
+        over = float(np.max(np.maximum(q_true - self.hi, self.lo - q_true)))
+        points = [self.kin.tool_position_m(q_true)] + [self.kin.frame_pose(q_true, f).translation for f in self.frames]
+        inside = False
+        for p in points:
+            inside |= p[2] <= self.limits.table_z_m
+            inside |= any(np.all((p > b[:3]) & (p < b[3:])) for b in self.boxes)
+            inside |= any(np.linalg.norm(p - s[:3]) < s[3] for s in self.spheres)
+        return {"joint_limit": over > JOINT_TOL_RAD,
+                "tool_speed": tool_speed_mps > self.limits.tool_speed_max_mps + SPEED_TOL_MPS,
+                "workspace": bool(inside)}
+
+
+@dataclass
+class Stack:
+    """The objects the nodes build: the filter's controller (with its world model) and the plant checks."""
+
+    kinematics: object
+    limits: object
+    world_model_path: Path
+    config: object
+
+
+def build_stack(task: TaskSpec, models_dir: Path | None = None):
+    """The safety filter as the node configures it on the embedded arm, and the world model file."""
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+    from robot_wm.core.safety import ControllerConfig, Phase, TrustLevel, load_safety_limits
+    from robot_wm.paths import data_path
+
+    urdf = description.expand()
+    names = description.joint_limits(urdf).names
+    path = (Path(models_dir) / "world_model.onnx") if models_dir is not None else data_path("models", "world_model.onnx")
+    # the node's parameters on the embedded arm: config/control.yaml + graph.plan (SIM phase)
+    config = ControllerConfig(dt_s=task.control_dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
+                              default_phase=Phase.SIM, force_sensor=True)
+    return Stack(Kinematics(urdf, names), load_safety_limits(), Path(path), config)
+
+
+def evaluate_stack(
+    policy: Policy,
+    profile="nominal",
+    episodes: int = DEFAULT_EPISODES,
+    seed: int = 0,
+    task: TaskSpec | None = None,
+    models_dir: Path | None = None,
+    nominal_delay_periods: int = 1,
+    progress: bool = False,
+) -> StackEvalReport:
+    """Run ``policy`` through the safety filter on the simulator; deterministic for a seed.
+
+    Args:
+        policy: anything with ``act(obs) -> rad/s`` and a ``name`` (PolicyRunner, ScriptedPolicy).
+        profile: simulator dynamics profile.
+        episodes, seed: the episodes (``make_episodes``: the same as ``robot-wm eval``'s).
+        task: the task (default config/task.yaml).
+        models_dir: a model set's directory (its world_model.onnx); default the shipped models.
+        nominal_delay_periods: control periods between the state a nominal was computed from and
+            the period that filters it (0: the same period, as in one process).
+        progress: a tqdm progress bar on stderr.
+    Raises:
+        ProfileError, ModelError: a bad profile or model; PolicyOutputError: a non-finite action.
+    """
+    from tqdm import tqdm
+
+    from robot_wm import description
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.sim import load_profile
+
+    if isinstance(nominal_delay_periods, bool) or not isinstance(nominal_delay_periods, int) or nominal_delay_periods < 0:
+        raise ValueError(f"nominal_delay_periods={nominal_delay_periods!r}: expected an integer >= 0")
+    task = task if task is not None else load_task()
+    prof = load_profile(profile)
+    stack = build_stack(task, models_dir)
+    names = tuple(stack.kinematics.joint_names)
+    wm = WorldModelRunner(stack.world_model_path, names, task.control_dt_s)
+    eps = make_episodes(task, episodes, seed, description.initial_positions(names))
+    check = PlantCheck(stack.kinematics, stack.limits)
+    n, steps = int(episodes), task.episode_steps
+    out = dict(success=np.zeros(n, bool), final=np.zeros(n), ttg=np.full(n, np.nan), peak=np.zeros(n),
+               interventions=np.zeros(n, int), periods=np.zeros(n, int))
+    violations = {k: np.zeros(n, int) for k in VIOLATION_KINDS}
+    states: Counter = Counter()
+    name = getattr(policy, "name", type(policy).__name__)
+    started = time.perf_counter()
+    with tqdm(total=n * steps, unit="step", desc=f"eval --stack {name} [{prof.name}]", file=sys.stderr,
+              disable=not progress, leave=False, mininterval=0.1 if sys.stderr.isatty() else 5.0) as bar:
+        for i in range(n):
+            ep = _run_episode(policy, prof, stack, wm, check, task, eps.q0_rad[i], eps.goal_m[i], eps.sim_seed + i,
+                              nominal_delay_periods)
+            out["success"][i], out["final"][i], out["ttg"][i], out["peak"][i] = ep["result"]
+            out["interventions"][i], out["periods"][i] = ep["interventions"], steps
+            for k in VIOLATION_KINDS:
+                violations[k][i] = ep["violations"][k]
+            states.update(ep["states"])
+            bar.update(steps)
+    return StackEvalReport(name, prof.name, n, int(seed), out["success"], out["final"], out["ttg"], out["peak"],
+                           out["interventions"], out["periods"], violations, states, time.perf_counter() - started)
+
+
+def _run_episode(policy, profile, stack: Stack, wm, check: PlantCheck, task: TaskSpec, q0, goal, sim_seed: int,
+                 delay: int) -> dict:
+    """One episode through the stack; the filter enabled by an operator after its start-up tare."""
+    from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
+    from robot_wm.sim import ArmSim
+
+    dt, kin, cfg = task.control_dt_s, stack.kinematics, stack.config
+    n_j = len(kin.joint_names)
+    sim = ArmSim(profile, seed=sim_seed, q0_rad=q0)
+    sim_steps = int(round(dt / sim.dt_s))
+    wm.reset()
+    ctrl = SafetyController(stack.limits, kin, cfg, model=wm)
+    t = 0.0
+
+    def period(js, nominal: np.ndarray, nominal_stamp: float):
+        """One control period: the filter on the published joint state (the one the policy saw too)."""
+        nonlocal t
+        force, _ = sim.wrench()
+        res = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t),
+                        nominal=NominalSample(nominal, nominal_stamp), wrench=WrenchSample(force, t, cfg.ft_frame))
+        sim.set_command(res.u_safe_radps)
+        sim.step(sim_steps)
+        t += dt
+        return res
+
+    # start-up: latched, at rest, the F/T tare; then the operator's enable (not scored)
+    for _ in range(int(round(cfg.tare_window_s / dt)) + 5):
+        period(sim.joint_state(), np.zeros(n_j), t)
+        if ctrl.reset()[0]:
+            break
+    else:
+        raise RuntimeError(f"the safety filter could not be enabled at the start of the episode: {ctrl.summary()}")
+    tracker = SuccessTracker(task, 1)
+    pending: list[tuple[np.ndarray, float]] = []  # nominals on their way from the policy to the filter
+    tool_prev = sim.tool_position_m()
+    peak, interventions = 0.0, 0
+    violations: Counter = Counter()
+    states: Counter = Counter()
+    for step in range(task.episode_steps):
+        js = sim.joint_state()
+        obs = make_obs(js.position_rad, js.velocity_radps, kin.tool_position_m(js.position_rad), goal)
+        action = np.asarray(policy.act(obs), dtype=float)
+        if action.shape != (n_j,) or not np.all(np.isfinite(action)):
+            raise PolicyOutputError(f"policy {getattr(policy, 'name', policy)!r} returned {action.tolist()} at step {step}")
+        pending.append((action, t))
+        nominal, stamp = pending.pop(0) if len(pending) > delay else (np.zeros(n_j), t)
+        res = period(js, nominal, stamp)
+        states[res.state.name] += 1
+        interventions += res.state.name != "OK"
+        tool = sim.tool_position_m()
+        speed = float(np.linalg.norm(tool - tool_prev) / dt)
+        tool_prev = tool
+        peak = max(peak, speed)
+        for kind, bad in check(sim.true_joint_state().position_rad, speed).items():
+            violations[kind] += bad
+        tracker.update(step, tool[None, :], goal[None, :])
+    final = float(task.distance_m(sim.tool_position_m(), goal))
+    ttg = (tracker.first_inside_step[0] + 1) * dt if tracker.success[0] else np.nan
+    return {"result": (bool(tracker.success[0]), final, ttg, peak), "interventions": interventions,
+            "violations": violations, "states": states}

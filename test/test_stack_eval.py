@@ -1,0 +1,113 @@
+"""Whole-stack evaluation in library mode (``robot-wm eval --stack``): the counting of interventions
+and plant violations on hand-built cases, and the stack run on the shipped models."""
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from robot_wm.contracts import N_JOINTS, OBS_LAYOUT
+from robot_wm.core.safety import load_safety_limits
+from robot_wm.core.task import load_task
+from robot_wm.learning.stack_eval import JOINT_TOL_RAD, SPEED_TOL_MPS, PlantCheck, evaluate_stack
+
+from conftest import PYTHON
+
+
+class Constant:
+    """A policy that always proposes the same command."""
+
+    def __init__(self, u, name="constant") -> None:
+        self.u, self.name = np.asarray(u, dtype=float), name
+
+    def act(self, obs):
+        return self.u.copy()
+
+
+class IntoTheLimit:
+    """Full speed on the elbow toward its upper limit, whatever happens: a hostile policy."""
+
+    name = "into the limit"
+
+    def act(self, obs):
+        u = np.zeros(N_JOINTS)
+        u[2] = 1.0 if obs[OBS_LAYOUT["q_rad"]][2] < 3.5 else 0.0
+        return u
+
+
+class FakeKinematics:
+    """Points where the test wants them: the tool at ``tool``, every link frame at ``link``."""
+
+    def __init__(self, tool, link) -> None:
+        self.tool, self.link = np.asarray(tool, float), np.asarray(link, float)
+
+    def tool_position_m(self, q):
+        return self.tool
+
+    def frame_pose(self, q, frame):
+        return SimpleNamespace(translation=self.link)
+
+
+def test_plant_check_counts_each_kind_of_breach_beyond_its_tolerance():
+    limits = load_safety_limits()
+    free = FakeKinematics([-0.4, 0.0, 0.4], [-0.2, 0.0, 0.5])
+    check = PlantCheck(free, limits)
+    q = np.zeros(N_JOINTS)
+    q[1] = limits.upper_rad[1]  # shoulder_lift exactly at its soft limit (0 rad)
+    assert check(q, 0.4) == {"joint_limit": False, "tool_speed": False, "workspace": False}
+    q_over = q.copy()
+    q_over[1] += JOINT_TOL_RAD + 1e-3
+    assert check(q_over, 0.4)["joint_limit"]
+    q_coast = q.copy()
+    q_coast[1] += JOINT_TOL_RAD - 1e-3  # within the drive's coast tolerance: not a breach
+    assert not check(q_coast, 0.4)["joint_limit"]
+    assert check(q, limits.tool_speed_max_mps + SPEED_TOL_MPS + 0.01)["tool_speed"]
+    box = np.asarray(limits.keepout_boxes_m[:6])
+    in_box = FakeKinematics((box[:3] + box[3:]) / 2, [-0.2, 0.0, 0.5])
+    assert PlantCheck(in_box, limits)(q, 0.1)["workspace"]
+    below_table = FakeKinematics([-0.4, 0.0, 0.4], [-0.2, 0.0, -0.01])  # a link point under the table
+    assert PlantCheck(below_table, limits)(q, 0.1)["workspace"]
+
+
+def test_a_policy_the_filter_never_touches_has_no_interventions():
+    report = evaluate_stack(Constant(np.zeros(N_JOINTS), "still"), "nominal", episodes=1, seed=0)
+    d = report.to_dict()
+    assert d["intervention_rate"] == 0.0 and d["violations"] == 0
+    assert report.states == {"OK": load_task().episode_steps}
+
+
+def test_interventions_and_violations_are_counted_on_a_hostile_policy():
+    """Full speed at the elbow's upper limit: the filter acts (interventions > 0: the jump from zero
+    meets the acceleration box, then the braking bound) and the plant stays within its limits."""
+    report = evaluate_stack(IntoTheLimit(), "nominal", episodes=1, seed=0)
+    d = report.to_dict()
+    assert 0.05 < d["intervention_rate"] <= 1.0, d
+    assert d["violations"] == 0, d["violations_by_kind"]
+    assert report.states["FILTERING"] == report.interventions.sum() - sum(
+        v for k, v in report.states.items() if k not in ("OK", "FILTERING"))
+
+
+def test_eval_stack_json_has_the_policy_and_the_baseline_through_the_filter(tmp_path):
+    run = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--stack", "--episodes", "2", "--seed", "3", "--json",
+                          "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout)
+    assert out["stack"] is True and out["episodes"] == 2
+    for key in ("policy", "baseline"):
+        d = out[key]
+        for field in ("success_rate", "intervention_rate", "violations", "final_error_m_median",
+                      "peak_tool_speed_mps_max"):
+            assert field in d, (key, field)
+        assert 0.0 <= d["intervention_rate"] <= 1.0 and d["violations"] == 0
+    bad = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--stack", "--models", str(tmp_path / "none"),
+                          "--json", "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not a directory" in bad.stderr
+
+
+@pytest.mark.parametrize("delay", [-1, 1.5, True])
+def test_a_bad_nominal_delay_is_refused(delay):
+    with pytest.raises(ValueError, match="nominal_delay_periods"):
+        evaluate_stack(Constant(np.zeros(N_JOINTS)), "nominal", episodes=1, nominal_delay_periods=delay)
