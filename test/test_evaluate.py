@@ -151,33 +151,34 @@ def test_nan_policy_fails_evaluation_clearly(tmp_path, short_task):
 def test_json_mode_prints_exactly_one_object(tmp_path, capsys, short_task_yaml):
     path = export_policy(tmp_path, zeros)
     code = main(["--profile", "real_twin", "--episodes", "3", "--seed", "2", "--json", "--policy", str(path),
-                 "--task", short_task_yaml])
+                 "--task-file", short_task_yaml])
     out = capsys.readouterr().out
     assert code == 0
     data = json.loads(out)  # the whole of stdout is one JSON object
-    assert set(data) == {"profile", "episodes", "seed", "policy", "baseline"}
+    assert set(data) == {"task", "profile", "episodes", "seed", "stack", "policy", "baseline"}
+    assert data["task"] == "reach" and data["stack"] is False
     assert (data["profile"], data["episodes"], data["seed"]) == ("real_twin", 3, 2)
     assert data["policy"]["policy"].startswith("policy.onnx") and data["policy"]["success_rate"] == 0.0
     assert data["baseline"]["episodes"] == 3 and 0.0 <= data["baseline"]["success_rate"] <= 1.0
     assert out.count("\n") == 1
     # deterministic: the same command prints the same bytes
     assert main(["--profile", "real_twin", "--episodes", "3", "--seed", "2", "--json", "--policy", str(path),
-                 "--task", short_task_yaml]) == 0
+                 "--task-file", short_task_yaml]) == 0
     assert capsys.readouterr().out == out
 
 
 def test_baseline_only_and_table(capsys, short_task_yaml):
-    assert main(["--episodes", "2", "--no-policy", "--json", "--no-progress", "--task", short_task_yaml]) == 0
+    assert main(["--episodes", "2", "--no-policy", "--json", "--no-progress", "--task-file", short_task_yaml]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["policy"] is None and data["baseline"]["episodes"] == 2
-    assert main(["--episodes", "2", "--no-policy", "--task", short_task_yaml]) == 0
+    assert main(["--episodes", "2", "--no-policy", "--task-file", short_task_yaml]) == 0
     out = capsys.readouterr().out
     assert "success rate" in out and "baseline" in out and "peak tool speed" in out
 
 
 def test_table_shows_both_columns(tmp_path, capsys, short_task_yaml):
     path = export_policy(tmp_path, zeros)
-    assert main(["--episodes", "2", "--policy", str(path), "--task", short_task_yaml, "--no-progress"]) == 0
+    assert main(["--episodes", "2", "--policy", str(path), "--task-file", short_task_yaml, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "policy: policy.onnx" in out and "baseline: scripted" in out
 
@@ -192,7 +193,7 @@ def _assert_clean_failure(capsys, argv, *fragments, code=2):
 
 
 def test_corrupt_or_incomplete_policy_exits_2(tmp_path, capsys, short_task_yaml):
-    common = ["--episodes", "1", "--task", short_task_yaml, "--json"]
+    common = ["--episodes", "1", "--task-file", short_task_yaml, "--json"]
     path = export_policy(tmp_path, zeros)
     path.write_bytes(path.read_bytes()[:-10] + b"corrupted!")  # no longer the file its sidecar describes
     _assert_clean_failure(capsys, [*common, "--policy", str(path)], "policy.onnx", "SHA-256")
@@ -213,8 +214,8 @@ def test_corrupt_or_incomplete_policy_exits_2(tmp_path, capsys, short_task_yaml)
 
 
 def test_bad_arguments_exit_2(capsys, short_task_yaml):
-    _assert_clean_failure(capsys, ["--profile", "moon", "--no-policy", "--task", short_task_yaml], "moon")
-    _assert_clean_failure(capsys, ["--no-policy", "--task", "/nonexistent/task.yaml"], "task.yaml")
+    _assert_clean_failure(capsys, ["--profile", "moon", "--no-policy", "--task-file", short_task_yaml], "moon")
+    _assert_clean_failure(capsys, ["--no-policy", "--task-file", "/nonexistent/task.yaml"], "task.yaml")
     assert main(["--no-policy", "--no-baseline"]) == 2
     assert main(["--episodes", "0"]) == 2
     assert main(["--seed", "-1"]) == 2
@@ -223,7 +224,7 @@ def test_bad_arguments_exit_2(capsys, short_task_yaml):
 
 def test_nan_policy_cli_exit_1(tmp_path, capsys, short_task_yaml):
     path = export_policy(tmp_path, lambda torch, obs: obs[:, 0:6] * float("nan"))
-    _assert_clean_failure(capsys, ["--episodes", "1", "--task", short_task_yaml, "--policy", str(path), "--json"],
+    _assert_clean_failure(capsys, ["--episodes", "1", "--task-file", short_task_yaml, "--policy", str(path), "--json"],
                           "policy.onnx", "NaN", code=1)
 
 

@@ -45,11 +45,23 @@ class DlsReacher:
     def __call__(self, q_rad: np.ndarray, goal_m: np.ndarray) -> np.ndarray:
         """Return the joint velocity command (rad/s) for one arm."""
         q_rad = np.asarray(q_rad, dtype=float)
-        jac = self.kin.tool_jacobian(q_rad)[:3]
         v_tool = self.gain * (np.asarray(goal_m, dtype=float) - self.kin.tool_position_m(q_rad))
+        return self._command(q_rad, v_tool)
+
+    def track(self, q_rad: np.ndarray, reference_m: np.ndarray, reference_velocity_mps: np.ndarray,
+              gain_per_s: float) -> np.ndarray:
+        """Command (rad/s) that follows a moving reference: v = v_ref + gain (p_ref - p), then DLS."""
+        q_rad = np.asarray(q_rad, dtype=float)
+        v_tool = np.asarray(reference_velocity_mps, dtype=float) + gain_per_s * (
+            np.asarray(reference_m, dtype=float) - self.kin.tool_position_m(q_rad))
+        return self._command(q_rad, v_tool)
+
+    def _command(self, q_rad: np.ndarray, v_tool: np.ndarray) -> np.ndarray:
+        """A tool velocity (capped at max_tool_speed) as joint velocities, with the null-space pull home."""
+        jac = self.kin.tool_jacobian(q_rad)[:3]
         speed = np.linalg.norm(v_tool)
         if speed > self.max_tool_speed:
-            v_tool *= self.max_tool_speed / speed
+            v_tool = v_tool * (self.max_tool_speed / speed)
         jjt = jac @ jac.T + (self.damping**2) * np.eye(3)
         pinv = jac.T @ np.linalg.solve(jjt, np.eye(3))
         null = np.eye(len(q_rad)) - pinv @ jac

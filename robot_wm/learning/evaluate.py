@@ -45,22 +45,19 @@ class Episodes:
 def make_episodes(task: TaskSpec, n: int, seed: int, q_home_rad: np.ndarray) -> Episodes:
     """Return ``n`` episodes for ``seed``; episode i depends only on (seed, i), not on n.
 
+    The reaching task's episodes (``robot_wm.core.tasks.ReachTask.episodes``: the same for
+    ``robot-wm eval`` with and without ``--stack``).
+
     Args:
         task: start noise and goal box.
         n: number of episodes (>= 1).
         seed: non-negative integer.
         q_home_rad: the home configuration the start noise is added to.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"episodes={n!r}: expected an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed={seed!r}: expected an integer >= 0")
-    # independent streams per quantity: rows are drawn in order, so a longer run extends a shorter one
-    goal_rng, start_rng, sim_rng = (np.random.default_rng(np.random.SeedSequence([int(seed), k])) for k in range(3))
-    goals = task.sample_goals(goal_rng, n)
-    noise = task.start_noise_rad
-    q0 = np.asarray(q_home_rad, dtype=float) + start_rng.uniform(-noise, noise, size=(n, len(q_home_rad)))
-    return Episodes(q0, goals, int(sim_rng.integers(0, 2**31 - 2**20)))
+    from robot_wm.core.tasks import ReachTask
+
+    eps = ReachTask(task).episodes(n, seed, q_home_rad)
+    return Episodes(eps.q0_rad, eps.targets, eps.sim_seed)
 
 
 @dataclass
@@ -202,7 +199,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="episode seed (default 0)")
     parser.add_argument("--policy", default=None,
                         help="policy ONNX file with its .json sidecar (default models/policy.onnx)")
-    parser.add_argument("--task", default=None, help="task YAML (default config/task.yaml)")
+    parser.add_argument("--task", default="reach", choices=("reach", "track"),
+                        help="the task: reach (goals) or track (paths); default reach")
+    parser.add_argument("--task-file", default=None, help="reach task YAML (default config/task.yaml)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--no-baseline", action="store_true", help="skip the scripted DLS baseline")
     which.add_argument("--no-policy", action="store_true", help="evaluate only the scripted baseline (no model needed)")
@@ -238,16 +237,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"robot-wm eval: {msg}", file=sys.stderr)
         return code
 
+    from robot_wm.core.tasks import ReachTask, TrackTask
+    from robot_wm.core.track import TrackConfigError
+
     try:
-        task = load_task(Path(args.task) if args.task else None)
+        if args.task == "track":
+            if args.task_file:
+                return fail("--task-file is for the reach task (the track task reads config/task.yaml's track section)")
+            task_obj = TrackTask()
+        else:
+            task_obj = ReachTask(load_task(Path(args.task_file) if args.task_file else None))
+        task = task_obj.spec
         profile = load_profile(args.profile)
-    except (TaskConfigError, ProfileError, DataFileError, OSError) as exc:
+    except (TaskConfigError, TrackConfigError, ProfileError, DataFileError, OSError) as exc:
         return fail(str(exc))
     policies: dict[str, Policy | None] = {"policy": None, "baseline": None}
     models_dir = Path(args.models) if args.models else None
     if models_dir is not None and not models_dir.is_dir():
         return fail(f"--models {models_dir}: not a directory")
     if not args.no_policy:
+        if args.task == "track" and not args.policy and models_dir is None:
+            return fail("no policy for the track task is shipped yet: give --policy FILE or --models DIR, or evaluate "
+                        "the scripted baseline alone with --no-policy")
         path = (Path(args.policy) if args.policy else models_dir / "policy.onnx" if models_dir is not None
                 else data_path("models", "policy.onnx", must_exist=False))
         try:
@@ -257,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             hint = "" if args.policy else " (train one first, or run the baseline only with --no-policy)"
             return fail(f"cannot use policy {path}: {exc}{hint}")
     if not args.no_baseline:
-        policies["baseline"] = ScriptedPolicy.from_description(task)
+        policies["baseline"] = task_obj.baseline()
 
     reports: dict[str, EvalReport | None] = {}
     for key, pol in policies.items():
@@ -265,11 +276,11 @@ def run(args: argparse.Namespace) -> int:
             reports[key] = None
             continue
         try:
-            if args.stack:
+            if args.stack or args.task == "track":
                 from robot_wm.learning.stack_eval import evaluate_stack
 
-                reports[key] = evaluate_stack(pol, profile, args.episodes, args.seed, task=task, models_dir=models_dir,
-                                              progress=not args.no_progress)
+                reports[key] = evaluate_stack(pol, profile, args.episodes, args.seed, task=task_obj,
+                                              models_dir=models_dir, stack=args.stack, progress=not args.no_progress)
             else:
                 reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
         except PolicyOutputError as exc:
@@ -279,7 +290,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"eval{' --stack' if args.stack else ''}: {reports[key].policy}: {args.episodes} episodes on "
               f"{profile.name} in {reports[key].wall_s:.1f} s", file=sys.stderr)
     if args.json:
-        out = {"profile": profile.name, "episodes": args.episodes, "seed": args.seed, "stack": bool(args.stack),
+        out = {"task": args.task, "profile": profile.name, "episodes": args.episodes, "seed": args.seed,
+               "stack": bool(args.stack),
                **{k: (r.to_dict() if r is not None else None) for k, r in reports.items()}}
         print(json.dumps(out))
     else:
@@ -290,21 +302,26 @@ def run(args: argparse.Namespace) -> int:
 def format_table(profile: str, episodes: int, seed: int, reports: dict[str, EvalReport | None]) -> str:
     """Return a readable side-by-side table of the reports."""
     cols = [(k, r) for k, r in reports.items() if r is not None]
-    rows = [
-        ("success rate", lambda d, r: f"{100 * d['success_rate']:.1f} % ({d['successes']}/{d['episodes']})"),
-        ("final error median (mm)", lambda d, r: f"{1000 * d['final_error_m_median']:.1f}"),
-        ("final error p90 (mm)", lambda d, r: f"{1000 * d['final_error_m_p90']:.1f}"),
-        ("time to goal median (s)",
-         lambda d, r: "-" if d["time_to_goal_s_median"] is None else f"{d['time_to_goal_s_median']:.2f}"),
-        ("peak tool speed median (m/s)", lambda d, r: f"{d['peak_tool_speed_mps_median']:.3f}"),
-        ("peak tool speed max (m/s)", lambda d, r: f"{d['peak_tool_speed_mps_max']:.3f}"),
-        ("wall time (s)", lambda d, r: f"{r.wall_s:.1f}"),
-    ]
-    if cols and "intervention_rate" in cols[0][1].to_dict():  # whole-stack reports
-        rows[-1:-1] = [
-            ("filter intervention rate", lambda d, r: f"{100 * d['intervention_rate']:.1f} %"),
-            ("violations on the plant", lambda d, r: f"{d['violations']} " + str(d["violations_by_kind"])),
-        ]
+    mm = lambda key: lambda d, r: "-" if d.get(key) is None else f"{1000 * d[key]:.1f}"  # noqa: E731
+    rows = [("success rate", lambda d, r: f"{100 * d['success_rate']:.1f} % ({d['successes']}/{d['episodes']})")]
+    first = cols[0][1].to_dict() if cols else {}
+    if "tracking_rms_m_median" in first:  # the tracking task
+        rows += [("tracking RMS error median (mm)", mm("tracking_rms_m_median")),
+                 ("tracking RMS error p90 (mm)", mm("tracking_rms_m_p90")),
+                 ("tracking max error median (mm)", mm("tracking_max_m_median")),
+                 ("tracking max error p90 (mm)", mm("tracking_max_m_p90"))]
+    else:
+        rows += [("final error median (mm)", mm("final_error_m_median")),
+                 ("final error p90 (mm)", mm("final_error_m_p90")),
+                 ("time to goal median (s)",
+                  lambda d, r: "-" if d["time_to_goal_s_median"] is None else f"{d['time_to_goal_s_median']:.2f}")]
+    rows += [("peak tool speed median (m/s)", lambda d, r: f"{d['peak_tool_speed_mps_median']:.3f}"),
+             ("peak tool speed max (m/s)", lambda d, r: f"{d['peak_tool_speed_mps_max']:.3f}")]
+    if first.get("intervention_rate") is not None:  # through the whole stack
+        rows += [("filter intervention rate", lambda d, r: f"{100 * d['intervention_rate']:.1f} %")]
+    if "violations" in first:
+        rows += [("violations on the plant", lambda d, r: f"{d['violations']} " + str(d["violations_by_kind"]))]
+    rows += [("wall time (s)", lambda d, r: f"{r.wall_s:.1f}")]
     dicts = [(r.to_dict(), r) for _, r in cols]
     headers = [f"{k}: {r.policy}" for k, r in cols]
     width0 = max(len(label) for label, _ in rows)

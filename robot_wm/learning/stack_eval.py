@@ -1,4 +1,4 @@
-"""Whole-stack evaluation in library mode: ``robot-wm eval --stack``.
+"""Whole-stack evaluation in library mode: ``robot-wm eval --stack`` (and ``robot-wm eval --task track``).
 
 The loop closes on the simulator through the same core objects the nodes run: the policy
 (``PolicyRunner``, or the scripted baseline) proposes a nominal command from the measured state,
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_wm.core.policy_runner import Policy, PolicyOutputError, make_obs
-from robot_wm.core.task import SuccessTracker, TaskSpec, load_task
-from robot_wm.learning.evaluate import DEFAULT_EPISODES, make_episodes
+from robot_wm.core.policy_runner import Policy, PolicyOutputError
+from robot_wm.core.task import TaskSpec
+from robot_wm.learning.evaluate import DEFAULT_EPISODES
 
 JOINT_TOL_RAD = 0.02  # a joint may coast this far past a soft limit after a braking command (drive lag)
 SPEED_TOL_MPS = 0.1  # the drive's tracking overshoot above the commanded tool speed limit
@@ -42,15 +42,21 @@ VIOLATION_KINDS = ("joint_limit", "tool_speed", "workspace")
 
 @dataclass
 class StackEvalReport:
-    """Result of ``evaluate_stack``: summary metrics plus the per-episode arrays they come from."""
+    """Result of ``evaluate_stack``: summary metrics plus the per-episode arrays they come from.
+
+    ``metrics`` holds the task's per-episode measures: reach ``final_error_m``, ``time_to_goal_s``;
+    track ``tracking_rms_m``, ``tracking_max_m``. Without the filter (``stack=False``) there are
+    no interventions to count (``intervention_rate`` is None).
+    """
 
     policy: str
+    task: str
     profile: str
     episodes: int
     seed: int
+    stack: bool
     success: np.ndarray  # (n,) bool
-    final_error_m: np.ndarray  # (n,) true tool-goal distance at the end
-    time_to_goal_s: np.ndarray  # (n,) NaN where no success
+    metrics: dict[str, np.ndarray]  # name -> (n,)
     peak_tool_speed_mps: np.ndarray  # (n,) true tool speed, period average
     interventions: np.ndarray  # (n,) scored periods in which the filter changed the command
     periods: np.ndarray  # (n,) scored periods
@@ -63,18 +69,18 @@ class StackEvalReport:
         return float(np.mean(self.success))
 
     @property
-    def intervention_rate(self) -> float:
-        return float(self.interventions.sum() / max(self.periods.sum(), 1))
+    def intervention_rate(self) -> float | None:
+        return float(self.interventions.sum() / max(self.periods.sum(), 1)) if self.stack else None
 
     def to_dict(self) -> dict:
         """Summary metrics as plain JSON-able values (units in the keys; null where undefined)."""
-        ttg = self.time_to_goal_s[self.success]
 
         def r(x) -> float | None:
             return None if x is None or not np.isfinite(x) else round(float(x), 6)
 
-        return {
+        out = {
             "policy": self.policy,
+            "task": self.task,
             "profile": self.profile,
             "episodes": int(self.episodes),
             "seed": int(self.seed),
@@ -83,13 +89,19 @@ class StackEvalReport:
             "intervention_rate": r(self.intervention_rate),
             "violations": int(sum(int(v.sum()) for v in self.violations.values())),
             "violations_by_kind": {k: int(v.sum()) for k, v in self.violations.items()},
-            "final_error_m_median": r(np.median(self.final_error_m)),
-            "final_error_m_p90": r(np.percentile(self.final_error_m, 90)),
-            "time_to_goal_s_median": r(np.median(ttg)) if ttg.size else None,
             "peak_tool_speed_mps_median": r(np.median(self.peak_tool_speed_mps)),
             "peak_tool_speed_mps_max": r(np.max(self.peak_tool_speed_mps)),
-            "filter_states": dict(sorted(self.states.items())),
         }
+        for name, values in self.metrics.items():
+            finite = values[np.isfinite(values)]
+            if name == "time_to_goal_s":
+                out["time_to_goal_s_median"] = r(np.median(finite)) if finite.size else None
+                continue
+            out[f"{name}_median"] = r(np.median(finite)) if finite.size else None
+            out[f"{name}_p90"] = r(np.percentile(finite, 90)) if finite.size else None
+        if self.stack:
+            out["filter_states"] = dict(sorted(self.states.items()))
+        return out
 
 
 class PlantCheck:
@@ -126,7 +138,7 @@ class Stack:
     config: object
 
 
-def build_stack(task: TaskSpec, models_dir: Path | None = None):
+def build_stack(control_dt_s: float, models_dir: Path | None = None) -> Stack:
     """The safety filter as the node configures it on the embedded arm, and the world model file."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
@@ -137,7 +149,7 @@ def build_stack(task: TaskSpec, models_dir: Path | None = None):
     names = description.joint_limits(urdf).names
     path = (Path(models_dir) / "world_model.onnx") if models_dir is not None else data_path("models", "world_model.onnx")
     # the node's parameters on the embedded arm: config/control.yaml + graph.plan (SIM phase)
-    config = ControllerConfig(dt_s=task.control_dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
+    config = ControllerConfig(dt_s=control_dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
                               default_phase=Phase.SIM, force_sensor=True)
     return Stack(Kinematics(urdf, names), load_safety_limits(), Path(path), config)
 
@@ -147,21 +159,24 @@ def evaluate_stack(
     profile="nominal",
     episodes: int = DEFAULT_EPISODES,
     seed: int = 0,
-    task: TaskSpec | None = None,
+    task=None,
     models_dir: Path | None = None,
     nominal_delay_periods: int = 1,
+    stack: bool = True,
     progress: bool = False,
 ) -> StackEvalReport:
     """Run ``policy`` through the safety filter on the simulator; deterministic for a seed.
 
     Args:
-        policy: anything with ``act(obs) -> rad/s`` and a ``name`` (PolicyRunner, ScriptedPolicy).
+        policy: anything with ``act(obs) -> rad/s`` and a ``name`` (PolicyRunner, a scripted baseline).
         profile: simulator dynamics profile.
-        episodes, seed: the episodes (``make_episodes``: the same as ``robot-wm eval``'s).
-        task: the task (default config/task.yaml).
+        episodes, seed: the episodes (``task.episodes``: for reach the same as ``robot-wm eval``'s).
+        task: a task of ``robot_wm.core.tasks`` (or its name, or a reach ``TaskSpec``); default reach.
         models_dir: a model set's directory (its world_model.onnx); default the shipped models.
         nominal_delay_periods: control periods between the state a nominal was computed from and
             the period that filters it (0: the same period, as in one process).
+        stack: False sends the policy's command straight to the arm (no filter, no world model):
+            the task's own numbers, as ``robot-wm eval`` without ``--stack``.
         progress: a tqdm progress bar on stderr.
     Raises:
         ProfileError, ModelError: a bad profile or model; PolicyOutputError: a non-finite action.
@@ -169,73 +184,85 @@ def evaluate_stack(
     from tqdm import tqdm
 
     from robot_wm import description
+    from robot_wm.core.tasks import ReachTask, get_task
     from robot_wm.core.world_model_runner import WorldModelRunner
     from robot_wm.sim import load_profile
 
     if isinstance(nominal_delay_periods, bool) or not isinstance(nominal_delay_periods, int) or nominal_delay_periods < 0:
         raise ValueError(f"nominal_delay_periods={nominal_delay_periods!r}: expected an integer >= 0")
-    task = task if task is not None else load_task()
+    if task is None or isinstance(task, TaskSpec):
+        task = ReachTask(task)
+    elif isinstance(task, str):
+        task = get_task(task)
     prof = load_profile(profile)
-    stack = build_stack(task, models_dir)
-    names = tuple(stack.kinematics.joint_names)
-    wm = WorldModelRunner(stack.world_model_path, names, task.control_dt_s)
-    eps = make_episodes(task, episodes, seed, description.initial_positions(names))
-    check = PlantCheck(stack.kinematics, stack.limits)
-    n, steps = int(episodes), task.episode_steps
-    out = dict(success=np.zeros(n, bool), final=np.zeros(n), ttg=np.full(n, np.nan), peak=np.zeros(n),
-               interventions=np.zeros(n, int), periods=np.zeros(n, int))
+    built = build_stack(task.control_dt_s, models_dir)
+    names = tuple(built.kinematics.joint_names)
+    wm = WorldModelRunner(built.world_model_path, names, task.control_dt_s) if stack else None
+    eps = task.episodes(episodes, seed, description.initial_positions(names))
+    check = PlantCheck(built.kinematics, built.limits)
+    n, steps = len(eps), task.episode_steps
+    success, peak = np.zeros(n, bool), np.zeros(n)
+    interventions, periods = np.zeros(n, int), np.full(n, steps)
+    metrics: dict[str, np.ndarray] = {}
     violations = {k: np.zeros(n, int) for k in VIOLATION_KINDS}
     states: Counter = Counter()
     name = getattr(policy, "name", type(policy).__name__)
     started = time.perf_counter()
-    with tqdm(total=n * steps, unit="step", desc=f"eval --stack {name} [{prof.name}]", file=sys.stderr,
-              disable=not progress, leave=False, mininterval=0.1 if sys.stderr.isatty() else 5.0) as bar:
+    with tqdm(total=n * steps, unit="step", desc=f"eval {task.name}{' --stack' if stack else ''} {name} [{prof.name}]",
+              file=sys.stderr, disable=not progress, leave=False,
+              mininterval=0.1 if sys.stderr.isatty() else 5.0) as bar:
         for i in range(n):
-            ep = _run_episode(policy, prof, stack, wm, check, task, eps.q0_rad[i], eps.goal_m[i], eps.sim_seed + i,
-                              nominal_delay_periods)
-            out["success"][i], out["final"][i], out["ttg"][i], out["peak"][i] = ep["result"]
-            out["interventions"][i], out["periods"][i] = ep["interventions"], steps
+            ep = _run_episode(policy, prof, built, wm, check, task, eps, i, nominal_delay_periods)
+            success[i], peak[i], interventions[i] = ep["success"], ep["peak"], ep["interventions"]
+            for key, value in ep["metrics"].items():
+                metrics.setdefault(key, np.full(n, np.nan))[i] = value
             for k in VIOLATION_KINDS:
                 violations[k][i] = ep["violations"][k]
             states.update(ep["states"])
             bar.update(steps)
-    return StackEvalReport(name, prof.name, n, int(seed), out["success"], out["final"], out["ttg"], out["peak"],
-                           out["interventions"], out["periods"], violations, states, time.perf_counter() - started)
+    return StackEvalReport(name, task.name, prof.name, n, int(seed), bool(stack), success, metrics, peak,
+                           interventions, periods, violations, states, time.perf_counter() - started)
 
 
-def _run_episode(policy, profile, stack: Stack, wm, check: PlantCheck, task: TaskSpec, q0, goal, sim_seed: int,
-                 delay: int) -> dict:
-    """One episode through the stack; the filter enabled by an operator after its start-up tare."""
+def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps, i: int, delay: int) -> dict:
+    """One episode (through the filter when ``wm`` is given: enabled by an operator after its tare)."""
     from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
     from robot_wm.sim import ArmSim
 
-    dt, kin, cfg = task.control_dt_s, stack.kinematics, stack.config
+    dt, kin, cfg = task.control_dt_s, built.kinematics, built.config
     n_j = len(kin.joint_names)
-    sim = ArmSim(profile, seed=sim_seed, q0_rad=q0)
+    sim = ArmSim(profile, seed=eps.sim_seed + i, q0_rad=eps.q0_rad[i])
     sim_steps = int(round(dt / sim.dt_s))
-    wm.reset()
-    ctrl = SafetyController(stack.limits, kin, cfg, model=wm)
     t = 0.0
+    ctrl = None
+    if wm is not None:
+        wm.reset()
+        ctrl = SafetyController(built.limits, kin, cfg, model=wm)
 
     def period(js, nominal: np.ndarray, nominal_stamp: float):
-        """One control period: the filter on the published joint state (the one the policy saw too)."""
+        """One control period on the published joint state (the one the policy saw too)."""
         nonlocal t
-        force, _ = sim.wrench()
-        res = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t),
-                        nominal=NominalSample(nominal, nominal_stamp), wrench=WrenchSample(force, t, cfg.ft_frame))
-        sim.set_command(res.u_safe_radps)
+        res = None
+        command = nominal
+        if ctrl is not None:
+            force, _ = sim.wrench()
+            res = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t),
+                            nominal=NominalSample(nominal, nominal_stamp), wrench=WrenchSample(force, t, cfg.ft_frame))
+            command = res.u_safe_radps
+        sim.set_command(command)
         sim.step(sim_steps)
         t += dt
         return res
 
-    # start-up: latched, at rest, the F/T tare; then the operator's enable (not scored)
-    for _ in range(int(round(cfg.tare_window_s / dt)) + 5):
-        period(sim.joint_state(), np.zeros(n_j), t)
-        if ctrl.reset()[0]:
-            break
-    else:
-        raise RuntimeError(f"the safety filter could not be enabled at the start of the episode: {ctrl.summary()}")
-    tracker = SuccessTracker(task, 1)
+    if ctrl is not None:  # start-up: latched, at rest, the F/T tare; then the operator's enable (not scored)
+        for _ in range(int(round(cfg.tare_window_s / dt)) + 5):
+            period(sim.joint_state(), np.zeros(n_j), t)
+            if ctrl.reset()[0]:
+                break
+        else:
+            raise RuntimeError(f"the safety filter could not be enabled at the start of the episode: {ctrl.summary()}")
+    t_task = t  # the task's clock starts now (the reference path, the score)
+    score = task.new_score(eps, i)
     pending: list[tuple[np.ndarray, float]] = []  # nominals on their way from the policy to the filter
     tool_prev = sim.tool_position_m()
     peak, interventions = 0.0, 0
@@ -243,23 +270,25 @@ def _run_episode(policy, profile, stack: Stack, wm, check: PlantCheck, task: Tas
     states: Counter = Counter()
     for step in range(task.episode_steps):
         js = sim.joint_state()
-        obs = make_obs(js.position_rad, js.velocity_radps, kin.tool_position_m(js.position_rad), goal)
+        q = js.position_rad
+        obs = task.observation(eps, i, t - t_task, q, js.velocity_radps, kin.tool_position_m(q))
         action = np.asarray(policy.act(obs), dtype=float)
         if action.shape != (n_j,) or not np.all(np.isfinite(action)):
             raise PolicyOutputError(f"policy {getattr(policy, 'name', policy)!r} returned {action.tolist()} at step {step}")
-        pending.append((action, t))
-        nominal, stamp = pending.pop(0) if len(pending) > delay else (np.zeros(n_j), t)
-        res = period(js, nominal, stamp)
-        states[res.state.name] += 1
-        interventions += res.state.name != "OK"
+        if ctrl is None:
+            res = period(js, action, t)
+        else:
+            pending.append((action, t))
+            nominal, stamp = pending.pop(0) if len(pending) > delay else (np.zeros(n_j), t)
+            res = period(js, nominal, stamp)
+            states[res.state.name] += 1
+            interventions += res.state.name != "OK"
         tool = sim.tool_position_m()
         speed = float(np.linalg.norm(tool - tool_prev) / dt)
         tool_prev = tool
         peak = max(peak, speed)
         for kind, bad in check(sim.true_joint_state().position_rad, speed).items():
             violations[kind] += bad
-        tracker.update(step, tool[None, :], goal[None, :])
-    final = float(task.distance_m(sim.tool_position_m(), goal))
-    ttg = (tracker.first_inside_step[0] + 1) * dt if tracker.success[0] else np.nan
-    return {"result": (bool(tracker.success[0]), final, ttg, peak), "interventions": interventions,
+        score.update(t - t_task, tool)
+    return {"success": score.success, "metrics": score.metrics(), "peak": peak, "interventions": interventions,
             "violations": violations, "states": states}

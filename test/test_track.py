@@ -1,0 +1,115 @@
+"""The tracking task (robot_wm.core.track) and the common task interface (robot_wm.core.tasks)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from robot_wm import description
+from robot_wm.contracts import JOINT_NAMES
+from robot_wm.core.tasks import TASK_NAMES, get_task
+from robot_wm.core.track import TrackConfigError, TrackScore, TrackSpec, load_track
+from robot_wm.learning.stack_eval import evaluate_stack
+
+from conftest import PYTHON
+
+
+@pytest.fixture(scope="module")
+def spec() -> TrackSpec:
+    return load_track()
+
+
+def test_the_shipped_track_config_is_valid_and_names_a_bad_field():
+    spec = load_track()
+    assert spec.obs_dim == 2 * len(JOINT_NAMES) + 3 + 3 * len(spec.preview_s)
+    for field, value, match in [("peak_speed_mps", (0.05, 0.0), "peak_speed_mps"), ("shapes", ("spiral",), "shapes"),
+                                ("preview_s", (0.05, 0.1), "preview_s"), ("lead_in_s", -1.0, "lead_in_s"),
+                                ("size_m", (0.04, 0.5), "size_m"), ("episode_s", 2.0, "leaves less than")]:
+        with pytest.raises(TrackConfigError, match=match):
+            dataclasses.replace(spec, **{field: value})
+    with pytest.raises(TrackConfigError, match="unknown track fields"):
+        TrackSpec.from_mapping({"speed": 1.0})
+
+
+def test_paths_stay_in_the_workspace_under_the_speed_limit_and_start_smoothly(spec):
+    paths = spec.sample_paths(np.random.default_rng(4), 200)
+    t = np.arange(0.0, spec.episode_s + 1e-9, 0.002)
+    lo, hi = np.asarray(spec.workspace_min_m), np.asarray(spec.workspace_max_m)
+    assert set(paths.shape) == set(spec.shapes)
+    for i in range(len(paths)):
+        p = paths.position(i, t)
+        assert np.all(p >= lo - 1e-9) and np.all(p <= hi + 1e-9), (paths.shape[i], p.min(0), p.max(0))
+        v = np.linalg.norm(np.diff(p, axis=0), axis=1) / 0.002
+        assert v.max() <= spec.peak_speed_mps[1] + 1e-3 and v.max() <= 0.5  # under the 0.5 m/s tool limit
+        assert v.max() == pytest.approx(paths.peak_speed_mps[i], rel=0.05)
+        assert np.all(v[t[1:] <= spec.lead_in_s] < 1e-9)  # the reference waits at its start point
+        assert np.max(np.abs(np.diff(v))) < 0.02  # no velocity step anywhere (the ramp)
+        pv = paths.preview(i, 2.0, spec.preview_s).reshape(-1, 3)
+        np.testing.assert_allclose(pv[0], paths.position(i, 2.0))
+        np.testing.assert_allclose(pv[-1], paths.position(i, 2.0 + spec.preview_s[-1]))
+
+
+def test_the_score_counts_only_after_the_lead_in_and_the_reward_follows_it(spec):
+    score = TrackScore(spec)
+    score.update(0.5, np.array([0.0, 0.0, 0.1]), np.zeros(3))  # during the lead-in: not scored
+    for k, err in enumerate([0.001, 0.002, 0.003]):
+        score.update(spec.scored_from_s + 0.01 * k, np.array([err, 0.0, 0.0]), np.zeros(3))
+    assert score.max_m == pytest.approx(0.003) and score.rms_m == pytest.approx(np.sqrt((1 + 4 + 9) / 3) * 1e-3)
+    assert score.success
+    score.update(spec.scored_from_s + 1.0, np.array([spec.success_max_m * 1.5, 0, 0]), np.zeros(3))
+    assert not score.success
+    # reward = the success metric's direction: a smaller error is a larger reward
+    ref, a = np.zeros(3), np.zeros(6)
+    rewards = [spec.reward(np.array([e, 0, 0]), ref, a) for e in (0.0, 0.002, 0.01, 0.05)]
+    assert all(x > y for x, y in zip(rewards, rewards[1:]))
+
+
+def test_the_baseline_tracks_on_nominal_and_the_arms_dynamics_cost_accuracy(spec):
+    """The scripted tracker succeeds on the nominal simulator; on a worn arm with a heavy tool
+    (config/sim_profiles/worn_heavy.yaml: lag, latency, payload, friction) the same episodes cost
+    it more than twice the RMS error: the task is one where the arm's dynamics matter."""
+    task = get_task("track")
+    baseline = task.baseline()
+    nominal = evaluate_stack(baseline, "nominal", episodes=6, seed=1, task=task, stack=False)
+    worn = evaluate_stack(baseline, "worn_heavy", episodes=6, seed=1, task=task, stack=False)
+    n, w = nominal.to_dict(), worn.to_dict()
+    assert n["success_rate"] >= 5 / 6 and n["tracking_rms_m_median"] < 0.003, n
+    assert w["tracking_rms_m_median"] > 2 * n["tracking_rms_m_median"], (n, w)
+    assert n["violations"] == 0 and w["violations"] == 0
+
+
+def test_every_task_has_the_same_interface():
+    q_home = description.initial_positions(JOINT_NAMES)
+    for name in TASK_NAMES:
+        task = get_task(name)
+        eps = task.episodes(3, 0, q_home)
+        assert len(eps) == 3 and eps.q0_rad.shape == (3, len(JOINT_NAMES))
+        obs = task.observation(eps, 0, 0.0, q_home, np.zeros(6), np.array([-0.5, -0.1, 0.4]))
+        assert obs.ndim == 1 and np.all(np.isfinite(obs))
+        action = task.baseline().act(obs)
+        assert action.shape == (len(JOINT_NAMES),) and np.all(np.isfinite(action))
+        score = task.new_score(eps, 0)
+        score.update(0.01, np.array([-0.5, -0.1, 0.4]))
+        assert isinstance(score.success, bool) and score.metrics()
+    again = get_task("track").episodes(5, 0, q_home)  # episode i depends only on (seed, i)
+    first = get_task("track").episodes(3, 0, q_home)
+    np.testing.assert_allclose(again.q0_rad[:3], first.q0_rad)
+    np.testing.assert_allclose(again.targets.center_m[:3], first.targets.center_m)
+    with pytest.raises(ValueError, match="unknown task"):
+        get_task("juggle")
+
+
+def test_eval_track_json_reports_the_tracking_metrics():
+    run = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--task", "track", "--no-policy", "--episodes", "2",
+                          "--json", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout)
+    assert out["task"] == "track" and out["policy"] is None
+    for key in ("success_rate", "tracking_rms_m_median", "tracking_max_m_p90", "peak_tool_speed_mps_max", "violations"):
+        assert key in out["baseline"]
+    missing = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--task", "track", "--json", "--no-progress"],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "--no-policy" in missing.stderr
