@@ -120,8 +120,12 @@ class TaskSpec:
         return cls(**kwargs)
 
 
-def load_task(path: Path | None = None) -> TaskSpec:
-    """Read the task from config/task.yaml (ROS parameter format, key ``/**.ros__parameters.task``)."""
+def load_task_section(key: str, path: Path | None = None) -> dict:
+    """One task's mapping from config/task.yaml (``/** -> ros__parameters -> <key>``).
+
+    Raises:
+        TaskConfigError: unreadable file or a missing section (the message names the file and key).
+    """
     import yaml
 
     from robot_wm.paths import config_path
@@ -129,12 +133,19 @@ def load_task(path: Path | None = None) -> TaskSpec:
     path = path or config_path("task.yaml")
     try:
         data = yaml.safe_load(Path(path).read_text())
-        task = data["/**"]["ros__parameters"]["task"]
+        return data["/**"]["ros__parameters"][key]
     except (OSError, yaml.YAMLError) as exc:
         raise TaskConfigError(f"{path}: cannot read the task: {exc}") from exc
     except (KeyError, TypeError) as exc:
-        raise TaskConfigError(f"{path}: expected /** -> ros__parameters -> task mapping") from exc
-    return TaskSpec.from_mapping(task, source=str(path))
+        raise TaskConfigError(f"{path}: expected /** -> ros__parameters -> {key} mapping") from exc
+
+
+def load_task(path: Path | None = None) -> TaskSpec:
+    """Read the task from config/task.yaml (ROS parameter format, key ``/**.ros__parameters.task``)."""
+    from robot_wm.paths import config_path
+
+    path = path or config_path("task.yaml")
+    return TaskSpec.from_mapping(load_task_section("task", path), source=str(path))
 
 
 class SuccessTracker:

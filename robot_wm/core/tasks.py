@@ -38,17 +38,18 @@ class TaskEpisodes:
         return len(self.q0_rad)
 
 
-def _streams(seed: int):
-    """Independent generators for the targets, the start noise and the simulator seed."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed={seed!r}: expected an integer >= 0")
-    return (np.random.default_rng(np.random.SeedSequence([int(seed), k])) for k in range(3))
-
-
-def _check_n(n) -> int:
+def _episodes(n, seed, q_home_rad, start_noise_rad: float, sample_targets) -> TaskEpisodes:
+    """Start configurations, targets (``sample_targets(rng, n)``) and a simulator seed for ``n``
+    episodes, from independent streams of ``seed``: episode i depends only on (seed, i)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"episodes={n!r}: expected an integer >= 1")
-    return int(n)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed={seed!r}: expected an integer >= 0")
+    target_rng, start_rng, sim_rng = (np.random.default_rng(np.random.SeedSequence([int(seed), k])) for k in range(3))
+    targets = sample_targets(target_rng, int(n))
+    q0 = np.asarray(q_home_rad, float) + start_rng.uniform(-start_noise_rad, start_noise_rad,
+                                                            size=(int(n), len(q_home_rad)))
+    return TaskEpisodes(q0, targets, int(sim_rng.integers(0, 2**31 - 2**20)))
 
 
 class ReachScore:
@@ -105,12 +106,7 @@ class ReachTask:
 
     def episodes(self, n: int, seed: int, q_home_rad: np.ndarray) -> TaskEpisodes:
         """``n`` episodes; episode i depends only on (seed, i) (as ``robot-wm eval``)."""
-        n = _check_n(n)
-        goal_rng, start_rng, sim_rng = _streams(seed)
-        goals = self.spec.sample_goals(goal_rng, n)
-        noise = self.spec.start_noise_rad
-        q0 = np.asarray(q_home_rad, float) + start_rng.uniform(-noise, noise, size=(n, len(q_home_rad)))
-        return TaskEpisodes(q0, goals, int(sim_rng.integers(0, 2**31 - 2**20)))
+        return _episodes(n, seed, q_home_rad, self.spec.start_noise_rad, self.spec.sample_goals)
 
     def observation(self, eps: TaskEpisodes, i: int, t_s: float, q, qdot, tool_m) -> np.ndarray:
         from robot_wm.core.policy_runner import make_obs
@@ -138,12 +134,8 @@ class TrackTask:
         return getattr(self.spec, item)
 
     def episodes(self, n: int, seed: int, q_home_rad: np.ndarray) -> TaskEpisodes:
-        n = _check_n(n)
-        path_rng, start_rng, sim_rng = _streams(seed)
-        paths = self.spec.sample_paths(path_rng, n)
-        noise = self.spec.start_noise_rad
-        q0 = np.asarray(q_home_rad, float) + start_rng.uniform(-noise, noise, size=(n, len(q_home_rad)))
-        return TaskEpisodes(q0, paths, int(sim_rng.integers(0, 2**31 - 2**20)))
+        """``n`` episodes; episode i depends only on (seed, i)."""
+        return _episodes(n, seed, q_home_rad, self.spec.start_noise_rad, self.spec.sample_paths)
 
     def observation(self, eps: TaskEpisodes, i: int, t_s: float, q, qdot, tool_m) -> np.ndarray:
         return track_obs(q, qdot, tool_m, eps.targets.preview(i, t_s, self.spec.preview_s))

@@ -278,16 +278,12 @@ class DlsTracker:
 
 def load_track(path: Path | None = None) -> TrackSpec:
     """Read the ``track`` section of config/task.yaml (``/** -> ros__parameters -> track``)."""
-    import yaml
-
+    from robot_wm.core.task import TaskConfigError, load_task_section
     from robot_wm.paths import config_path
 
     path = path or config_path("task.yaml")
     try:
-        data = yaml.safe_load(Path(path).read_text())
-        section = data["/**"]["ros__parameters"]["track"]
-    except (OSError, yaml.YAMLError) as exc:
-        raise TrackConfigError(f"{path}: cannot read the track task: {exc}") from exc
-    except (KeyError, TypeError) as exc:
-        raise TrackConfigError(f"{path}: expected /** -> ros__parameters -> track mapping") from exc
+        section = load_task_section("track", path)
+    except TaskConfigError as exc:
+        raise TrackConfigError(str(exc)) from exc
     return TrackSpec.from_mapping(section, source=str(path))
