@@ -41,6 +41,27 @@ OBS_LAYOUT = {
 OBS_DIM = 2 * N_JOINTS + 6
 
 
+def track_obs_layout(n_preview: int) -> dict[str, slice]:
+    """The tracking policy's observation: joint state, tool position, and ``n_preview`` reference
+    positions ahead of now (base frame, raw units; robot_wm.core.track)."""
+    base = 2 * N_JOINTS + 3
+    return {"q_rad": OBS_LAYOUT["q_rad"], "qdot_radps": OBS_LAYOUT["qdot_radps"], "tool_m": OBS_LAYOUT["tool_m"],
+            "preview_m": slice(base, base + 3 * int(n_preview))}
+
+
+def layout_width(layout: dict[str, slice]) -> int:
+    """The observation width a layout describes."""
+    return max(s.stop for s in layout.values())
+
+
+def target_slices(layout: dict[str, slice]) -> list[slice]:
+    """The 3-vector blocks of a layout that are target positions (the goal, or each preview point)."""
+    if "goal_m" in layout:
+        return [layout["goal_m"]]
+    block = layout["preview_m"]
+    return [slice(k, k + 3) for k in range(block.start, block.stop, 3)]
+
+
 def layout_json(layout: dict[str, slice]) -> dict[str, list[int]]:
     """Return a layout as sidecars store it: ``{block: [start, stop]}``."""
     return {name: [s.start, s.stop] for name, s in layout.items()}
@@ -103,9 +124,9 @@ class Signature:
         return [t.name for t in self.outputs]
 
 
-def policy_signature() -> Signature:
-    """The policy graph: raw observations in, joint velocity commands (rad/s) out."""
-    return Signature(inputs=(TensorSpec(POLICY_OBS, (BATCH, OBS_DIM)),),
+def policy_signature(obs_dim: int = OBS_DIM) -> Signature:
+    """The policy graph: raw observations in (``obs_dim`` wide: the task's layout), rad/s out."""
+    return Signature(inputs=(TensorSpec(POLICY_OBS, (BATCH, int(obs_dim))),),
                      outputs=(TensorSpec(POLICY_ACTION, (BATCH, N_JOINTS)),))
 
 

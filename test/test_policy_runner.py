@@ -195,7 +195,7 @@ def test_core_runner_and_evaluator_import_without_torch_or_rclpy(tmp_path):
         "sys.modules['torch'] = None; sys.modules['rclpy'] = None\n"
         "import robot_wm.core.policy_runner\n"
         "from robot_wm.learning.evaluate import main\n"
-        f"sys.exit(main(['--no-policy', '--episodes', '2', '--json', '--no-progress', '--task', {str(task_yaml)!r}]))\n"
+        f"sys.exit(main(['--no-policy', '--episodes', '2', '--json', '--no-progress', '--task-file', {str(task_yaml)!r}]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -113,3 +113,43 @@ def test_eval_track_json_reports_the_tracking_metrics():
     missing = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--task", "track", "--json", "--no-progress"],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--no-policy" in missing.stderr
+
+
+def test_train_export_eval_round_trip_for_track(tmp_path):
+    """A short imagination run on known dynamics learns to close in on the reference; the exported
+    graph carries the task and its layout, PolicyRunner refuses it for reach, and `robot-wm eval
+    --task track --policy` runs it closed loop on the simulator."""
+    import torch
+
+    from robot_wm.core.onnx_model import ModelError
+    from robot_wm.core.policy_runner import PolicyRunner
+    from robot_wm.core.task import load_task
+    from robot_wm.learning.data import CollectConfig, collect
+    from robot_wm.learning.policy import PolicyConfig, export_policy, train_policy
+    from robot_wm.learning.torch_kinematics import TorchToolFK
+
+    class Integrator:
+        history = 2
+
+        def step(self, q, qdot, actions):
+            return q + actions[:, -1] * 0.01, actions[:, -1], torch.zeros(q.shape[0])
+
+    spec = load_track()
+    urdf = description.expand()
+    data = collect(CollectConfig(transitions=2000, n_envs=8, episode_steps=50, seed=1), load_task(), progress=False)
+    actor, report = train_policy(PolicyConfig(iterations=60, batch=64, horizon=10, hidden=64, seed=0), Integrator(),
+                                 TorchToolFK(urdf, JOINT_NAMES), data, spec, description.initial_positions(JOINT_NAMES),
+                                 progress=False)
+    assert report.history[-1]["distance_m"] < report.history[0]["distance_m"]
+    path = export_policy(actor, tmp_path / "policy.onnx", joint_names=JOINT_NAMES, task=spec,
+                         dataset_sha256=data.sha256, version="test")
+    runner = PolicyRunner(path, JOINT_NAMES, spec.control_dt_s, task="track")
+    assert runner.task == "track" and runner.act(np.zeros(spec.obs_dim)).shape == (len(JOINT_NAMES),)
+    with pytest.raises(ModelError, match="track"):
+        PolicyRunner(path, JOINT_NAMES, spec.control_dt_s, task="reach")
+    with pytest.raises(ValueError, match="expected"):
+        runner.act(np.zeros(18))  # a reach observation
+    run = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--task", "track", "--policy", str(path), "--episodes",
+                          "1", "--json", "--no-progress", "--no-baseline"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["policy"]["tracking_rms_m_median"] is not None

@@ -28,6 +28,8 @@ from robot_wm.contracts import (
     N_JOINTS,
     OBS_DIM,
     OBS_LAYOUT,
+    layout_width,
+    track_obs_layout,
     POLICY_ACTION,
     POLICY_KIND,
     POLICY_OBS,
@@ -81,27 +83,33 @@ def make_obs(q_rad: np.ndarray, qdot_radps: np.ndarray, tool_m: np.ndarray, goal
     return np.concatenate([np.broadcast_to(arrays[k], (n, arrays[k].shape[-1])) for k in OBS_LAYOUT], axis=1)
 
 
-def check_obs(obs: np.ndarray, who: str = "policy") -> tuple[np.ndarray, bool]:
-    """Validate observations; return them as a float (n, OBS_DIM) array and whether the input was a single row.
+def check_obs(obs: np.ndarray, who: str = "policy", layout: dict[str, slice] | None = None) -> tuple[np.ndarray, bool]:
+    """Validate observations; return them as a float (n, width) array and whether the input was a single row.
 
+    Args:
+        obs: one row or a batch.
+        who: named in the errors.
+        layout: the task's observation layout (default the reaching task's OBS_LAYOUT).
     Raises:
-        ValueError: wrong shape, or NaN/Inf (naming the rows and OBS_LAYOUT blocks affected).
+        ValueError: wrong shape, or NaN/Inf (naming the rows and layout blocks affected).
     """
+    layout = OBS_LAYOUT if layout is None else layout
+    width = layout_width(layout)
     try:
         a = np.asarray(obs, dtype=float)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{who}: obs is not a numeric array ({exc}); "
-                         f"expected shape ({OBS_DIM},) or (n, {OBS_DIM})") from exc
+                         f"expected shape ({width},) or (n, {width})") from exc
     single = a.ndim == 1
     if single:
         a = a[None, :]
-    if a.ndim != 2 or a.shape[1] != OBS_DIM or a.shape[0] == 0:
-        raise ValueError(f"{who}: obs has shape {np.shape(obs)}: expected ({OBS_DIM},) or (n, {OBS_DIM}) with n >= 1 "
-                         f"(layout {list(OBS_LAYOUT)})")
+    if a.ndim != 2 or a.shape[1] != width or a.shape[0] == 0:
+        raise ValueError(f"{who}: obs has shape {np.shape(obs)}: expected ({width},) or (n, {width}) with n >= 1 "
+                         f"(layout {list(layout)})")
     finite = np.isfinite(a)
     if not finite.all():
         rows = np.flatnonzero(~finite.all(axis=1))
-        blocks = [name for name, s in OBS_LAYOUT.items() if not finite[:, s].all()]
+        blocks = [name for name, s in layout.items() if not finite[:, s].all()]
         raise ValueError(f"{who}: obs contains NaN/Inf in rows {rows[:10].tolist()}{'...' if rows.size > 10 else ''} "
                          f"(blocks {blocks}); expected finite values")
     return a, single
@@ -116,9 +124,11 @@ class PolicyRunner:
         dt_s: the control period the runner is called at (must match the sidecar's).
         action_limit_radps: per-joint limits the output is clipped to (rad/s, one per joint); default the
             sidecar's ``extra.action_limit_radps``. Given both, the tighter limit of each joint applies.
+        task: the task the caller runs ("reach", "track"); None accepts a policy of any task (see
+            ``self.task``). The sidecar names its task (no name: reach) and its observation layout.
     Raises:
         ModelError: missing/corrupt model or sidecar, wrong kind, joint order, period, graph signature,
-            observation layout, or no action limits known.
+            task, observation layout, or no action limits known.
     """
 
     def __init__(
@@ -127,14 +137,17 @@ class PolicyRunner:
         joint_names: tuple[str, ...] | list[str],
         dt_s: float,
         action_limit_radps: np.ndarray | list[float] | tuple[float, ...] | None = None,
+        task: str | None = None,
     ) -> None:
         self.model = load_model(Path(onnx_path), kind=POLICY_KIND, joint_names=joint_names, dt_s=dt_s)
         meta = self.model.meta
         name = self.model.path.name
-        check_contract(self.model, policy_signature())
-        layout = meta.get("obs_layout")
-        if layout is not None and layout != layout_json(OBS_LAYOUT):
-            raise ModelError(f"{name}: sidecar obs_layout {layout} differs from the contract's {layout_json(OBS_LAYOUT)}")
+        #: The task this policy was trained for ("reach" for sidecars that name none).
+        self.task = str(meta.get("task", "reach"))
+        if task is not None and self.task != task:
+            raise ModelError(f"{name}: a policy for the {self.task!r} task, not for {task!r}")
+        self.obs_layout = self._layout(meta.get("obs_layout"), name)
+        check_contract(self.model, policy_signature(layout_width(self.obs_layout)))
         limits = [_limits(action_limit_radps, "action_limit_radps")] if action_limit_radps is not None else []
         if meta.get("action_limit_radps") is not None:
             try:
@@ -146,6 +159,22 @@ class PolicyRunner:
         self.action_limit_radps = np.minimum.reduce(limits)
         self.clipped_count = 0
         self.name = f"{name} v{self.model.version}"
+
+    def _layout(self, declared, name: str) -> dict[str, slice]:
+        """The observation layout of this policy's task, checked against its sidecar."""
+        if self.task == "reach":
+            expected = OBS_LAYOUT
+        elif self.task == "track":
+            block = (declared or {}).get("preview_m")
+            if not block or (block[1] - block[0]) % 3 or block[1] <= block[0]:
+                raise ModelError(f"{name}: a track policy's sidecar must give obs_layout.preview_m (3 per preview point)")
+            expected = track_obs_layout((block[1] - block[0]) // 3)
+        else:
+            raise ModelError(f"{name}: sidecar task {self.task!r}: expected 'reach' or 'track'")
+        if declared is not None and declared != layout_json(expected):
+            raise ModelError(f"{name}: sidecar obs_layout {declared} differs from the {self.task} contract's "
+                             f"{layout_json(expected)}")
+        return expected
 
     @property
     def version(self) -> str:
@@ -159,7 +188,7 @@ class PolicyRunner:
             ValueError: obs has the wrong shape or is not finite.
             PolicyOutputError: the graph produced NaN/Inf (see the module docstring).
         """
-        x, single = check_obs(obs, who=self.model.path.name)
+        x, single = check_obs(obs, who=self.model.path.name, layout=self.obs_layout)
         out = self.model.run(**{POLICY_OBS: x})[POLICY_ACTION]
         if out.shape != (x.shape[0], N_JOINTS):
             raise PolicyOutputError(f"{self.model.path.name}: output has shape {out.shape}, "

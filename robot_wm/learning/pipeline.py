@@ -117,10 +117,12 @@ def cmd_train_policy(args: argparse.Namespace) -> int:
     import torch
 
     from robot_wm import description
+    from robot_wm.contracts import layout_json
     from robot_wm.core.task import load_task
+    from robot_wm.core.track import load_track
     from robot_wm.learning.config import load_section
     from robot_wm.learning.data import Dataset
-    from robot_wm.learning.policy import PolicyConfig, train_policy
+    from robot_wm.learning.policy import PolicyConfig, task_layout, task_name, train_policy
     from robot_wm.learning.torch_kinematics import TorchToolFK
     from robot_wm.learning.world_model import load_checkpoint
 
@@ -128,7 +130,7 @@ def cmd_train_policy(args: argparse.Namespace) -> int:
     cfg = load_section(_config_path(args), "policy", PolicyConfig)
     overrides = {k: v for k, v in (("seed", args.seed), ("iterations", args.iterations)) if v is not None}
     cfg = replace(cfg, **overrides)
-    task = load_task()
+    task = load_track() if args.task == "track" else load_task()
     data = Dataset.load(Path(args.data))
     model, wm_meta = load_checkpoint(Path(args.world_model))
     urdf = description.expand()
@@ -139,6 +141,7 @@ def cmd_train_policy(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.save({
         "format": POLICY_CHECKPOINT_FORMAT, "state_dict": actor.state_dict(), "config": asdict(cfg),
+        "task": task_name(task), "obs_layout": layout_json(task_layout(task)),
         "obs_mean": actor.norm.mean.tolist(), "obs_std": actor.norm.std.tolist(),
         "action_limit_radps": list(task.action_limit_radps), "joint_names": list(names),
         "dataset_sha256": data.sha256, "world_model_dataset_sha256": wm_meta.get("dataset_sha256", ""),
@@ -161,7 +164,8 @@ def load_policy_checkpoint(path: Path):
     record = torch.load(Path(path), map_location="cpu", weights_only=False)
     if not isinstance(record, dict) or record.get("format") != POLICY_CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a robot_wm policy checkpoint (format {POLICY_CHECKPOINT_FORMAT!r})")
-    actor = Actor(ObsNormalizer(np.array(record["obs_mean"]), np.array(record["obs_std"])),
+    layout = {k: slice(*v) for k, v in record["obs_layout"].items()} if record.get("obs_layout") else None
+    actor = Actor(ObsNormalizer(np.array(record["obs_mean"]), np.array(record["obs_std"]), layout),
                   np.array(record["action_limit_radps"]), record["config"]["hidden"])
     actor.load_state_dict(record["state_dict"])
     return actor.eval(), record
@@ -174,6 +178,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from robot_wm.contracts import POLICY_KIND, WORLD_MODEL_KIND
     from robot_wm.core.onnx_model import load_model
     from robot_wm.core.task import load_task
+    from robot_wm.core.track import load_track
     from robot_wm.learning.policy import PolicyConfig, export_policy
     from robot_wm.learning.world_model import export_world_model, load_checkpoint
 
@@ -191,11 +196,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         written[WORLD_MODEL_KIND] = load_model(path, WORLD_MODEL_KIND, names, task.control_dt_s)
     if args.policy:
         actor, record = load_policy_checkpoint(Path(args.policy))
+        policy_task = load_track() if record.get("task") == "track" else task
         cfg = PolicyConfig(**record["config"])
         metrics = {"imagined_final_distance_m": record["report"]["final_imagined_distance_m"]}
         if args.eval_metrics:
             metrics.update(json.loads(Path(args.eval_metrics).read_text()))
-        path = export_policy(actor, out / "policy.onnx", joint_names=names, task=task, dataset_sha256=record["dataset_sha256"],
+        path = export_policy(actor, out / "policy.onnx", joint_names=names, task=policy_task,
+                             dataset_sha256=record["dataset_sha256"],
                              version=f"policy-{record['dataset_sha256'][:8]}-s{cfg.seed}", metrics=metrics, config=cfg,
                              training_command=record.get("command"))
         written[POLICY_KIND] = load_model(path, POLICY_KIND, names, task.control_dt_s)
@@ -253,6 +260,7 @@ def add_parsers(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=str(DEFAULT_DATA), help="recorded transitions for imagination start states")
     p.add_argument("--world-model", default=str(DEFAULT_RUNS / "world_model" / "world_model.pt"))
     p.add_argument("--out", default=str(DEFAULT_RUNS / "policy"), help="checkpoint directory")
+    p.add_argument("--task", default="reach", choices=("reach", "track"), help="the task to train for (default reach)")
     p.add_argument("--iterations", type=int, default=None, help="override the number of iterations")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.set_defaults(func=cmd_train_policy)

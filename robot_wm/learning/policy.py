@@ -29,14 +29,17 @@ from torch import nn
 
 from robot_wm.contracts import (
     N_JOINTS,
-    OBS_DIM,
     OBS_LAYOUT,
     POLICY_KIND,
     join_obs,
     layout_json,
+    layout_width,
     policy_signature,
+    target_slices,
+    track_obs_layout,
 )
 from robot_wm.core.task import TaskSpec
+from robot_wm.core.track import TrackSpec
 
 
 class ImaginationDynamics(Protocol):
@@ -87,18 +90,33 @@ class PolicyConfig:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected >= 0")
 
 
+def task_layout(task: "TaskSpec | TrackSpec") -> dict[str, slice]:
+    """The observation layout of a task (reach: OBS_LAYOUT; track: with its preview)."""
+    return track_obs_layout(len(task.preview_s)) if isinstance(task, TrackSpec) else OBS_LAYOUT
+
+
+def task_name(task: "TaskSpec | TrackSpec") -> str:
+    """"track" or "reach"."""
+    return "track" if isinstance(task, TrackSpec) else "reach"
+
+
 class ObsNormalizer(nn.Module):
-    """Fixed affine normalization of the raw observation (OBS_LAYOUT), plus the goal-minus-tool feature."""
+    """Fixed affine normalization of the raw observation, plus target-minus-tool features (one per
+    target block of the layout: the goal, or each preview point of the reference path)."""
 
-    features = OBS_DIM + (OBS_LAYOUT["goal_m"].stop - OBS_LAYOUT["goal_m"].start)  # width of ``forward``'s output
-
-    def __init__(self, mean: np.ndarray, std: np.ndarray) -> None:
+    def __init__(self, mean: np.ndarray, std: np.ndarray, layout: dict[str, slice] | None = None) -> None:
         super().__init__()
+        layout = OBS_LAYOUT if layout is None else layout
+        self.tool = layout["tool_m"]
+        self.targets = target_slices(layout)
+        #: width of ``forward``'s output
+        self.features = layout_width(layout) + 3 * len(self.targets)
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        err = obs[..., OBS_LAYOUT["goal_m"]] - obs[..., OBS_LAYOUT["tool_m"]]  # goal - tool, m
+        tool = obs[..., self.tool]
+        err = torch.cat([obs[..., t] - tool for t in self.targets], dim=-1)  # target - tool, m
         return torch.cat([(obs - self.mean) / self.std, err / 0.1], dim=-1)
 
 
@@ -112,7 +130,7 @@ class Actor(nn.Module):
     def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int) -> None:
         super().__init__()
         self.norm = normalizer
-        self.net = _mlp(ObsNormalizer.features, hidden, 2 * N_JOINTS)  # mean and log-std per joint
+        self.net = _mlp(normalizer.features, hidden, 2 * N_JOINTS)  # mean and log-std per joint
         self.register_buffer("limit", torch.as_tensor(action_limit_radps, dtype=torch.float32))
 
     def dist(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +160,7 @@ class Critic(nn.Module):
     def __init__(self, normalizer: ObsNormalizer, hidden: int) -> None:
         super().__init__()
         self.norm = normalizer
-        self.net = _mlp(ObsNormalizer.features, hidden, 1)
+        self.net = _mlp(normalizer.features, hidden, 1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(self.norm(obs)).squeeze(-1)
@@ -171,18 +189,88 @@ class PolicyReport:
     history: list[dict]
 
 
-def obs_normalization(dataset, task: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std of the observation from recorded data (goals: uniform over the goal box)."""
+def obs_normalization(dataset, task) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std of the observation from recorded data (targets: uniform over the goal box, or
+    over the tracking workspace for every preview point)."""
     q = dataset.q_rad.reshape(-1, N_JOINTS)
     qd = dataset.qdot_radps.reshape(-1, N_JOINTS)
     tool = dataset.tool_m.reshape(-1, 3)
-    lo, hi = np.asarray(task.goal_box_min_m), np.asarray(task.goal_box_max_m)
-    mean = join_obs(q.mean(0), np.zeros(N_JOINTS), tool.mean(0), (lo + hi) / 2)
-    std = join_obs(q.std(0), np.maximum(qd.std(0), 0.05), tool.std(0), (hi - lo) / np.sqrt(12))  # uniform: width/sqrt(12)
+    if isinstance(task, TrackSpec):
+        lo, hi = np.asarray(task.workspace_min_m), np.asarray(task.workspace_max_m)
+        k = len(task.preview_s)
+        t_mean, t_std = np.tile((lo + hi) / 2, k), np.tile((hi - lo) / np.sqrt(12), k)
+    else:
+        lo, hi = np.asarray(task.goal_box_min_m), np.asarray(task.goal_box_max_m)
+        t_mean, t_std = (lo + hi) / 2, (hi - lo) / np.sqrt(12)  # uniform: width/sqrt(12)
+    mean = join_obs(q.mean(0), np.zeros(N_JOINTS), tool.mean(0), t_mean)
+    std = join_obs(q.std(0), np.maximum(qd.std(0), 0.05), tool.std(0), t_std)
     return mean.astype(np.float32), np.maximum(std, 1e-3).astype(np.float32)
 
 
-def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module, dataset, task: TaskSpec,
+class ReachRollouts:
+    """The reaching task in imagination: a goal per rollout (near the start tool position or anywhere)."""
+
+    def __init__(self, cfg: "PolicyConfig", task: TaskSpec) -> None:
+        self.cfg, self.task = cfg, task
+        self.lo = torch.as_tensor(task.goal_box_min_m, dtype=torch.float32)
+        self.hi = torch.as_tensor(task.goal_box_max_m, dtype=torch.float32)
+        self.goal = torch.zeros(0, 3)
+
+    def start(self, rng: np.random.Generator, tool0: torch.Tensor) -> None:
+        """Targets for a batch of rollouts starting with the tool at ``tool0`` (B, 3)."""
+        B = tool0.shape[0]
+        goal = self.lo + (self.hi - self.lo) * torch.rand(B, 3)
+        near = torch.as_tensor(rng.random(B) < self.cfg.near_goal_fraction)
+        scale = torch.as_tensor(rng.choice([0.01, 0.03, 0.1], size=(B, 1)), dtype=torch.float32)
+        near_goal = torch.clamp(tool0.detach() + scale * torch.randn(B, 3), self.lo - 0.05, self.hi + 0.05)
+        self.goal = torch.where(near.unsqueeze(-1), near_goal, goal)
+
+    def obs(self, k: int, q, qd, tool) -> torch.Tensor:
+        return join_obs(q, qd, tool, self.goal, xp=torch)
+
+    def reward(self, k: int, tool, action) -> torch.Tensor:
+        """The task's reward for step k (``tool``: after the step)."""
+        return self.task.reward(tool, self.goal, action, xp=torch)
+
+    def error(self, k: int, tool) -> torch.Tensor:
+        return self.task.distance_m(tool, self.goal, xp=torch)
+
+
+class TrackRollouts:
+    """The tracking task in imagination: a reference path per rollout, placed so that it passes the
+    start tool position at a random time of the episode (or, for a share of the rollouts, so that
+    the arm starts away from it, as in the lead-in)."""
+
+    def __init__(self, cfg: "PolicyConfig", task: TrackSpec, horizon: int) -> None:
+        self.cfg, self.task, self.horizon = cfg, task, horizon
+        self.offsets = np.asarray(task.preview_s, dtype=float)
+        self.refs = torch.zeros(0, horizon + 1, len(self.offsets), 3)
+
+    def start(self, rng: np.random.Generator, tool0: torch.Tensor) -> None:
+        task, dt = self.task, self.task.control_dt_s
+        B = tool0.shape[0]
+        paths = task.sample_paths(rng, B)
+        t_hi = task.episode_s - self.horizon * dt
+        t0 = rng.uniform(0.0, t_hi, size=B)  # from the lead-in to the end
+        times = t0[:, None, None] + np.arange(self.horizon + 1)[None, :, None] * dt + self.offsets[None, None, :]
+        refs = np.stack([paths.position(i, times[i]) for i in range(B)])  # (B, H+1, K, 3)
+        # shift each path so that the reference now is near the start tool position: close by (tracking)
+        # or up to 25 cm away (the approach during the lead-in)
+        gap = rng.choice([0.003, 0.01, 0.03, 0.25], size=(B, 1)) * rng.standard_normal((B, 3))
+        shift = tool0.detach().numpy() + gap - refs[:, 0, 0]
+        self.refs = torch.as_tensor(refs + shift[:, None, None, :], dtype=torch.float32)
+
+    def obs(self, k: int, q, qd, tool) -> torch.Tensor:
+        return join_obs(q, qd, tool, self.refs[:, k].reshape(tool.shape[0], -1), xp=torch)
+
+    def reward(self, k: int, tool, action) -> torch.Tensor:
+        return self.task.reward(tool, self.refs[:, k + 1, 0], action, xp=torch)
+
+    def error(self, k: int, tool) -> torch.Tensor:
+        return torch.linalg.norm(tool - self.refs[:, k + 1, 0], dim=-1)
+
+
+def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module, dataset, task,
                  q_home_rad: np.ndarray, progress: bool = True) -> tuple[Actor, PolicyReport]:
     """Train the actor and critic in imagination.
 
@@ -191,7 +279,8 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         dynamics: the world model's differentiable step (see ImaginationDynamics).
         fk: differentiable q -> tool position (TorchToolFK of the same URDF).
         dataset: recorded transitions supplying real start states (robot_wm.learning.data.Dataset).
-        task: the task spec (the reward, goal box, action limits, start noise).
+        task: the task spec: ``TaskSpec`` (reach) or ``TrackSpec`` (track): the reward, targets,
+            action limits, start noise.
         q_home_rad: the task's nominal start configuration.
         progress: show a progress bar.
     Returns:
@@ -202,14 +291,16 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     mean, std = obs_normalization(dataset, task)
-    actor = Actor(ObsNormalizer(mean, std), np.asarray(task.action_limit_radps), cfg.hidden)
-    critic = Critic(ObsNormalizer(mean, std), cfg.hidden)
+    layout = task_layout(task)
+    actor = Actor(ObsNormalizer(mean, std, layout), np.asarray(task.action_limit_radps), cfg.hidden)
+    critic = Critic(ObsNormalizer(mean, std, layout), cfg.hidden)
     target = copy.deepcopy(critic).requires_grad_(False)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
     dynamics_params = [p for p in getattr(dynamics, "parameters", lambda: [])()]
     for p in dynamics_params:
         p.requires_grad_(False)
+    rollouts = TrackRollouts(cfg, task, cfg.horizon) if isinstance(task, TrackSpec) else ReachRollouts(cfg, task)
 
     H = dynamics.history
     q_data = torch.as_tensor(dataset.q_rad[:, H - 1:-1].reshape(-1, N_JOINTS), dtype=torch.float32)
@@ -217,31 +308,29 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     # the H-1 commands before each start state (oldest first)
     a_hist = np.stack([dataset.action_radps[:, k:dataset.n_steps - (H - 1) + k] for k in range(H - 1)], axis=2) if H > 1 else None
     hist_data = torch.as_tensor(a_hist.reshape(-1, H - 1, N_JOINTS), dtype=torch.float32) if H > 1 else None
-    lo = torch.as_tensor(task.goal_box_min_m, dtype=torch.float32)
-    hi = torch.as_tensor(task.goal_box_max_m, dtype=torch.float32)
     history = []
     started = time.perf_counter()
-    bar = tqdm(range(cfg.iterations), desc="train policy", unit="it", disable=not progress)
+    bar = tqdm(range(cfg.iterations), desc=f"train policy ({task_name(task)})", unit="it", disable=not progress)
     for it in bar:
-        q, qd, hist, goal = _starts(cfg, rng, q_data, qd_data, hist_data, q_home_rad, task, fk, lo, hi, H)
-        obs_seq, rewards, entropies, disagreements, dists = [], [], [], [], []
+        q, qd, hist = _starts(cfg, rng, q_data, qd_data, hist_data, q_home_rad, task, H)
         tool = fk(q)
-        for _ in range(cfg.horizon):
-            obs = join_obs(q, qd, tool, goal, xp=torch)
+        rollouts.start(rng, tool)
+        obs_seq, rewards, entropies, disagreements, dists = [], [], [], [], []
+        for k in range(cfg.horizon):
+            obs = rollouts.obs(k, q, qd, tool)
             action, entropy = actor.sample(obs)
             actions = torch.cat([hist, action.unsqueeze(1)], dim=1) if hist is not None else action.unsqueeze(1)
             q, qd, disagreement = dynamics.step(q, qd, actions)
             hist = actions[:, 1:] if hist is not None else None
             tool = fk(q)  # reward of this step and observation of the next
-            reward = task.reward(tool, goal, action, xp=torch) - cfg.disagreement_coef * disagreement
-            dist = task.distance_m(tool, goal, xp=torch)
+            reward = rollouts.reward(k, tool, action) - cfg.disagreement_coef * disagreement
             obs_seq.append(obs)
             rewards.append(reward)
             entropies.append(entropy)
             disagreements.append(disagreement)
-            dists.append(dist.detach())
-        obs_seq.append(join_obs(q, qd, tool, goal, xp=torch))
-        obs_all = torch.stack(obs_seq)  # (horizon+1, B, OBS_DIM)
+            dists.append(rollouts.error(k, tool).detach())
+        obs_seq.append(rollouts.obs(cfg.horizon, q, qd, tool))
+        obs_all = torch.stack(obs_seq)  # (horizon+1, B, obs width)
         rewards_t = torch.stack(rewards)
         values_target = target(obs_all)
         returns = lambda_returns(rewards_t, values_target, cfg.discount, cfg.lambda_)
@@ -274,8 +363,8 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     return actor.eval(), report
 
 
-def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, fk, lo, hi, H):
-    """Draw start states (recorded or task-like) and goals (near or anywhere in the box)."""
+def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, H):
+    """Draw start states: recorded ones, and task-like ones (home + the task's start noise)."""
     B = cfg.batch
     n_task = int(round(cfg.task_start_fraction * B))
     idx = torch.as_tensor(rng.integers(0, q_data.shape[0], B - n_task))
@@ -284,33 +373,32 @@ def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, fk, lo, hi, H):
     q = torch.cat([q_data[idx], q_task])
     qd = torch.cat([qd_data[idx], torch.zeros(n_task, N_JOINTS)])
     hist = torch.cat([hist_data[idx], torch.zeros(n_task, H - 1, N_JOINTS)]) if hist_data is not None else None
-    goal = lo + (hi - lo) * torch.rand(B, 3)
-    near = torch.as_tensor(rng.random(B) < cfg.near_goal_fraction)
-    with torch.no_grad():
-        tool = fk(q)
-    scale = torch.as_tensor(rng.choice([0.01, 0.03, 0.1], size=(B, 1)), dtype=torch.float32)
-    near_goal = torch.clamp(tool + scale * torch.randn(B, 3), lo - 0.05, hi + 0.05)
-    goal = torch.where(near.unsqueeze(-1), near_goal, goal)
-    return q, qd, hist, goal
+    return q, qd, hist
 
 
-def export_policy(actor: Actor, path, *, joint_names, task: TaskSpec, dataset_sha256: str, version: str,
+def export_policy(actor: Actor, path, *, joint_names, task, dataset_sha256: str, version: str,
                   metrics: dict | None = None, config: PolicyConfig | None = None, training_command: str | None = None):
-    """Export the deterministic actor (normalization and scaling inside) with its sidecar."""
+    """Export the deterministic actor (normalization and scaling inside) with its sidecar (task and layout in it)."""
     from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
-    signature = policy_signature()
+    layout = task_layout(task)
+    signature = policy_signature(layout_width(layout))
     path = export_onnx(actor.eval(), example_inputs(signature, batch=1), path, signature.input_names,
                        signature.output_names)
+    reward_fields = (("error_cost", "action_cost") if isinstance(task, TrackSpec)
+                     else ("goal_bonus", "goal_bonus_radius_m", "action_cost"))
     extra = {
+        "task": task_name(task),
         "action_limit_radps": list(task.action_limit_radps),
-        "obs_layout": layout_json(OBS_LAYOUT),
-        "reward": {name: getattr(task, name) for name in ("goal_bonus", "goal_bonus_radius_m", "action_cost")},
+        "obs_layout": layout_json(layout),
+        "reward": {name: getattr(task, name) for name in reward_fields},
         "normalization": {"obs_mean": actor.norm.mean.tolist(), "obs_std": actor.norm.std.tolist(),
                           "note": "applied inside the graph; feed raw observations"},
         "metrics": metrics or {},
         "config": asdict(config) if config else {},
     }
+    if isinstance(task, TrackSpec):
+        extra["preview_s"] = list(task.preview_s)
     write_sidecar(path, model_kind=POLICY_KIND, version=version, joint_names=joint_names, dt_s=task.control_dt_s,
                   training_data_sha256=dataset_sha256, training_command=training_command, extra=extra,
                   signature=signature)
