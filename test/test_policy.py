@@ -105,3 +105,37 @@ def test_bad_policy_config_names_the_field(tmp_path):
     bad.write_text("policy:\n  discount: yes\n")
     with pytest.raises(ConfigError, match="discount"):
         load_section(bad, "policy", PolicyConfig)
+
+
+def test_limit_costs_are_the_filter_limits_as_hinges():
+    """Each cost is zero inside its limit and grows with the excess: tool speed, nearness to a
+    joint's soft limit, a command change beyond the acceleration limit."""
+    from robot_wm.core.safety import load_safety_limits
+    from robot_wm.learning.policy import LimitCosts
+
+    lim = load_safety_limits()
+    cfg = PolicyConfig(limit_cost=1.0, limit_speed_fraction=0.9, limit_margin_rad=0.15, limit_accel_fraction=0.8)
+    costs = LimitCosts(cfg, lim, TASK.control_dt_s)
+    q = torch.as_tensor(description.initial_positions(JOINTS), dtype=torch.float32).repeat(4, 1)
+    q[1, 1] = lim.upper_rad[1] - 0.05  # 0.10 rad inside the 0.15 margin of shoulder_lift's upper limit
+    tool0 = torch.zeros(4, 3)
+    tool1 = torch.zeros(4, 3)
+    tool1[2, 0] = 0.6 * TASK.control_dt_s  # 0.6 m/s, 0.15 above 0.9 * 0.5
+    a_prev = torch.zeros(4, 6)
+    a = torch.zeros(4, 6)
+    a[3, 0] = 0.8 * lim.accel_max_radps2[0] * TASK.control_dt_s + 0.02  # 0.02 rad/s beyond the change limit
+    c = costs(q, tool0, tool1, a, a_prev)
+    assert c.tolist() == pytest.approx([0.0, 0.10, 0.15, 0.02], abs=1e-5)
+
+
+def test_training_with_limit_costs_keeps_the_imagined_arm_inside_the_limits(small_data):
+    """The same short run with and without limit costs: the policy trained with them pays less of
+    them in imagination (here: fast reaches whose tool speed would exceed the limit)."""
+    fk = TorchToolFK(URDF, JOINTS)
+    home = description.initial_positions(JOINTS)
+    common = dict(iterations=120, batch=64, horizon=10, hidden=64, seed=0, limit_speed_fraction=0.5)
+    _, free = train_policy(PolicyConfig(**common), Integrator(), fk, small_data, TASK, home, progress=False)
+    _, aware = train_policy(PolicyConfig(limit_cost=20.0, **common), Integrator(), fk, small_data, TASK, home,
+                            progress=False)
+    assert free.history[-1]["limit_cost"] == 0.0  # not computed without the weight
+    assert aware.history[-1]["limit_cost"] < aware.history[0]["limit_cost"]

@@ -5,11 +5,12 @@ Read top to bottom: config, networks, imagination rollout, λ-returns, the train
 * Imagined rollouts start from real states (recorded transitions, and task-like start poses) and
   run ``horizon`` control periods through the learned world model; the simulator is never used
   to train the policy.
-* The reward is the task's own (``TaskSpec.reward``, evaluated on torch tensors: minus the
-  tool-to-goal distance from differentiable FK of the predicted joint positions, a smooth bonus
-  near the goal, a small action cost), minus a penalty on ensemble disagreement so the actor
-  cannot exploit regions where the model does not know. That penalty is the only term the
-  trainer adds: it is about the world model, not the task.
+* The reward is the task's own (``TaskSpec.reward`` / ``TrackSpec.reward``, evaluated on torch
+  tensors through differentiable FK of the predicted joint positions), minus a penalty on ensemble
+  disagreement so the actor cannot exploit regions where the model does not know, and (with
+  ``limit_cost``) minus hinge costs on what the safety filter would change (``LimitCosts``: tool
+  speed, nearness to a joint's soft limit, command changes beyond the acceleration limit), so that
+  the policy respects the limits itself instead of leaning on the filter.
 * The actor is trained by backpropagating λ-returns through the model (dynamics backprop, as
   DreamerV1 for continuous control) with an entropy bonus; the critic regresses the λ-returns of
   a slowly updated target critic.
@@ -74,6 +75,12 @@ class PolicyConfig:
     target_update: float = 0.02  # Polyak rate of the target critic
     grad_clip: float = 100.0
     seed: int = 0
+    # the safety filter's limits (config/safety.yaml) as costs in imagination, so that the policy
+    # respects them itself and the filter rarely acts (0 = off: the filter alone keeps them)
+    limit_cost: float = 0.0  # weight of the summed hinge costs below, per control period
+    limit_speed_fraction: float = 0.9  # tool speed above this fraction of tool_speed_max_mps costs (m/s)
+    limit_margin_rad: float = 0.15  # a joint within this of a soft limit costs (rad)
+    limit_accel_fraction: float = 0.8  # a command change above this fraction of a_max * dt costs (rad/s)
 
     def __post_init__(self) -> None:
         for name in ("hidden", "iterations", "batch", "horizon"):
@@ -85,9 +92,12 @@ class PolicyConfig:
         for name in ("actor_lr", "critic_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected a positive learning rate")
-        for name in ("entropy_coef", "disagreement_coef", "grad_clip"):
+        for name in ("entropy_coef", "disagreement_coef", "grad_clip", "limit_cost", "limit_margin_rad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected >= 0")
+        for name in ("limit_speed_fraction", "limit_accel_fraction"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"policy.{name}={getattr(self, name)}: expected a fraction in (0, 1]")
 
 
 def task_layout(task: "TaskSpec | TrackSpec") -> dict[str, slice]:
@@ -164,6 +174,33 @@ class Critic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(self.norm(obs)).squeeze(-1)
+
+
+class LimitCosts:
+    """The safety filter's limits as hinge costs on an imagined step (what the filter would change).
+
+    Per rollout: tool speed above ``limit_speed_fraction`` of the limit (m/s), joint positions
+    within ``limit_margin_rad`` of a soft limit (rad), and command changes beyond
+    ``limit_accel_fraction`` of the acceleration limit times the period (rad/s), summed. The
+    velocity limit is the action parameterization's (tanh into the task's action limits, which lie
+    inside the filter's). Differentiable through the world model and the kinematics.
+    """
+
+    def __init__(self, cfg: "PolicyConfig", limits, dt_s: float) -> None:
+        self.dt = float(dt_s)
+        self.speed = cfg.limit_speed_fraction * limits.tool_speed_max_mps
+        self.lo = torch.as_tensor(limits.lower_rad + cfg.limit_margin_rad, dtype=torch.float32)
+        self.hi = torch.as_tensor(limits.upper_rad - cfg.limit_margin_rad, dtype=torch.float32)
+        self.accel = torch.as_tensor(cfg.limit_accel_fraction * limits.accel_max_radps2 * dt_s, dtype=torch.float32)
+
+    def __call__(self, q_next, tool_prev, tool_next, action, previous_action) -> torch.Tensor:
+        speed = torch.linalg.norm(tool_next - tool_prev, dim=-1) / self.dt
+        over_speed = torch.relu(speed - self.speed)
+        near_limit = (torch.relu(q_next - self.hi) + torch.relu(self.lo - q_next)).sum(-1)
+        cost = over_speed + near_limit
+        if previous_action is not None:
+            cost = cost + torch.relu((action - previous_action).abs() - self.accel).sum(-1)
+        return cost
 
 
 def lambda_returns(rewards: torch.Tensor, values: torch.Tensor, discount: float, lambda_: float) -> torch.Tensor:
@@ -301,6 +338,11 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     for p in dynamics_params:
         p.requires_grad_(False)
     rollouts = TrackRollouts(cfg, task, cfg.horizon) if isinstance(task, TrackSpec) else ReachRollouts(cfg, task)
+    limit_costs = None
+    if cfg.limit_cost > 0:
+        from robot_wm.core.safety import load_safety_limits
+
+        limit_costs = LimitCosts(cfg, load_safety_limits(), task.control_dt_s)
 
     H = dynamics.history
     q_data = torch.as_tensor(dataset.q_rad[:, H - 1:-1].reshape(-1, N_JOINTS), dtype=torch.float32)
@@ -315,15 +357,20 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         q, qd, hist = _starts(cfg, rng, q_data, qd_data, hist_data, q_home_rad, task, H)
         tool = fk(q)
         rollouts.start(rng, tool)
-        obs_seq, rewards, entropies, disagreements, dists = [], [], [], [], []
+        obs_seq, rewards, entropies, disagreements, dists, costs = [], [], [], [], [], []
         for k in range(cfg.horizon):
             obs = rollouts.obs(k, q, qd, tool)
             action, entropy = actor.sample(obs)
+            previous = hist[:, -1] if hist is not None else None
             actions = torch.cat([hist, action.unsqueeze(1)], dim=1) if hist is not None else action.unsqueeze(1)
             q, qd, disagreement = dynamics.step(q, qd, actions)
             hist = actions[:, 1:] if hist is not None else None
-            tool = fk(q)  # reward of this step and observation of the next
+            tool_prev, tool = tool, fk(q)  # reward of this step and observation of the next
             reward = rollouts.reward(k, tool, action) - cfg.disagreement_coef * disagreement
+            if limit_costs is not None:
+                cost = limit_costs(q, tool_prev, tool, action, previous)
+                reward = reward - cfg.limit_cost * cost
+                costs.append(cost.detach())
             obs_seq.append(obs)
             rewards.append(reward)
             entropies.append(entropy)
@@ -351,7 +398,8 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
                 tp.lerp_(p, cfg.target_update)
         if it % 50 == 0 or it == cfg.iterations - 1:
             row = {"iteration": it, "return": float(returns[0].mean().detach()), "reward": float(rewards_t.mean().detach()), "distance_m": float(dists[-1].mean()),
-                   "disagreement": float(torch.stack(disagreements).mean().detach()), "critic_loss": float(critic_loss.detach())}
+                   "disagreement": float(torch.stack(disagreements).mean().detach()), "critic_loss": float(critic_loss.detach()),
+                   "limit_cost": float(torch.stack(costs).mean()) if costs else 0.0}
             history.append(row)
             bar.set_postfix(dist=f"{row['distance_m']:.3f}", ret=f"{row['return']:.2f}")
     bar.close()
