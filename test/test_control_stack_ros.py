@@ -98,12 +98,12 @@ def _at_rest(client, tol=0.01):
 def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
     _, filt, client, source = stack
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: _moving(client), 5.0), filt.output()
+    assert wait_for(lambda: _moving(client), 10.0), filt.output()
     t_request = time.time()  # wall clock: compared with the filter's publish times
     resp = client.call(Trigger, "/robot_wm/estop", Trigger.Request())
     t_response = time.time()
     assert resp.success, resp.message
-    assert wait_for(lambda: len(source.published_since(t_response)) > 0, 1.0)
+    assert wait_for(lambda: len(source.published_since(t_response)) > 0, 10.0)
     # the service callback itself publishes a zero before it answers (one period = 10 ms), and from
     # then on every command is zero: the all-zero tail of the commands sent since the request must
     # have started before the answer
@@ -114,7 +114,7 @@ def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
     assert during[tail_start][0] <= t_response, (
         f"the zero stream started {during[tail_start][0] - t_response:.4f} s after the e-stop answered")
     # at rest within 300 ms of the request, by the arm's own stamps (waiting on the test's clock is generous)
-    assert wait_for(lambda: client.rest_after(t_request) is not None, 5.0), f"arm not at rest: {client.latest()[2]}"
+    assert wait_for(lambda: client.rest_after(t_request) is not None, 10.0), f"arm not at rest: {client.latest()[2]}"
     assert client.rest_after(t_request) < 0.3, f"at rest {client.rest_after(t_request):.3f} s after the e-stop"
     # adversarial nominal commands while latched: every command sent after the answer is exactly zero
     source.value = [1.5, -1.5, 1.5, 2.0, -2.0, 2.0]
@@ -136,20 +136,20 @@ def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
         pytest.fail("reset_estop did not answer; filter output:\n" + filt.output()[-3000:])
     assert not resp.success and "fault persists" in resp.message
     source.value = [0.3, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: statuses and statuses[-1].fault_kind == "", 3.0), statuses[-1:]
+    assert wait_for(lambda: statuses and statuses[-1].fault_kind == "", 10.0), statuses[-1:]
     resp = client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
     assert resp.success, resp.message
-    assert wait_for(lambda: _moving(client), 3.0), "arm did not resume after reset"
+    assert wait_for(lambda: _moving(client), 10.0), "arm did not resume after reset"
 
 
 def test_operator_cli_estop_status_and_reset(stack):
     _, _, client, source = stack
     source.value = [0.0, 0.0, 0.3, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: _moving(client), 5.0)
+    assert wait_for(lambda: _moving(client), 10.0)
     run = lambda *verb: subprocess.run([PYTHON, "-m", "robot_wm.cli", *verb], capture_output=True, text=True, timeout=60)  # noqa: E731
     out = run("estop")
     assert out.returncode == 0 and out.stdout.startswith("OK"), out.stdout + out.stderr
-    assert wait_for(lambda: _at_rest(client), 0.5)
+    assert wait_for(lambda: _at_rest(client), 10.0)
     status = run("status")
     assert status.returncode == 0 and "ESTOP" in status.stdout, status.stdout + status.stderr
     out = run("reset")
@@ -161,10 +161,10 @@ def test_operator_cli_estop_status_and_reset(stack):
 def test_nominal_source_dying_stops_the_arm_within_a_few_periods(stack):
     _, _, client, source = stack
     source.value = [0.5, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    assert wait_for(lambda: _moving(client, 0.3), 10.0)
     source.close()  # the policy "dies": no more nominal commands
     t_dead = time.time()
-    assert wait_for(lambda: client.rest_after(t_dead) is not None, 5.0), f"still moving: {client.latest()[2]}"
+    assert wait_for(lambda: client.rest_after(t_dead) is not None, 10.0), f"still moving: {client.latest()[2]}"
     # stale after 5 periods (50 ms), then a controlled stop at 10 rad/s^2 from 0.5 rad/s: ~100 ms
     assert client.rest_after(t_dead) < 0.4, f"at rest {client.rest_after(t_dead):.3f} s after the nominal stopped"
     # the filter keeps commanding zero: 50 commands published from 0.3 s after the death on
@@ -175,10 +175,10 @@ def test_nominal_source_dying_stops_the_arm_within_a_few_periods(stack):
 def test_killing_the_filter_stops_the_arm_through_its_own_timeout(stack):
     _, filt, client, source = stack
     source.value = [0.0, 0.4, -0.4, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    assert wait_for(lambda: _moving(client, 0.3), 10.0)
     t_kill = time.time()
     filt.process.send_signal(signal.SIGKILL)  # no goodbye command: only the driver's timeout is left
-    assert wait_for(lambda: client.rest_after(t_kill) is not None, 5.0), f"arm still moving: {client.latest()[2]}"
+    assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"arm still moving: {client.latest()[2]}"
     # 50 ms driver timeout + a controlled deceleration from 0.4 rad/s: ~0.1 s (by the arm's stamps)
     assert client.rest_after(t_kill) < 0.5, f"at rest {client.rest_after(t_kill):.3f} s after the filter died"
 
@@ -190,12 +190,12 @@ def test_malformed_nominal_stops_the_arm_with_a_clear_status(stack, bad):
     _, _, client, source = stack
     statuses = client.statuses
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    assert wait_for(lambda: _moving(client, 0.3), 10.0)
     t_bad = time.time()
     source.value = bad
-    assert wait_for(lambda: client.rest_after(t_bad) is not None, 5.0)
+    assert wait_for(lambda: client.rest_after(t_bad) is not None, 10.0)
     assert client.rest_after(t_bad) < 0.5  # one period to see it, then the controlled stop from 0.4 rad/s
-    assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 5.0)
+    assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 10.0)
     assert "u_nominal_radps" in statuses[-1].fault_reason and statuses[-1].fault_kind == "nominal"
 
 
@@ -211,7 +211,7 @@ def test_malformed_joint_state_is_a_latched_fault_with_a_controlled_stop(stack, 
     statuses = client.statuses
     rogue = client.node.create_publisher(JointState, "/joint_states", 10)
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert wait_for(lambda: _moving(client, 0.3), 5.0)
+    assert wait_for(lambda: _moving(client, 0.3), 10.0)
     good = client.latest()
     names = list(good[4])
     position = [float(x) for x in good[1]]
@@ -220,19 +220,21 @@ def test_malformed_joint_state_is_a_latched_fault_with_a_controlled_stop(stack, 
     else:
         position[2] = float("nan")
     msg = JointState(name=names, position=position, velocity=[0.0] * 6)
+    t_rogue = time.time()
     end = time.monotonic() + 0.5
     while time.monotonic() < end and not (statuses and statuses[-1].state == SafetyStatus.FAULT):
         rogue.publish(msg)  # the arm's own 500 Hz stream goes on: the filter must catch one of these
         time.sleep(0.002)
-    assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 1.0), [s.fault_reason for s in statuses[-3:]]
+    assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 10.0), [s.fault_reason for s in statuses[-3:]]
     reason = next(s.fault_reason for s in reversed(statuses) if s.state == SafetyStatus.FAULT)
     assert "bad joint state" in reason and ("gripper_joint" in reason or "non-finite" in reason), reason
-    assert wait_for(lambda: _at_rest(client), 1.0), "arm still moving after a malformed joint state"
+    assert wait_for(lambda: client.rest_after(t_rogue) is not None, 10.0), "arm still moving after a malformed joint state"
+    assert client.rest_after(t_rogue) < 1.0  # seen within the 0.5 s of rogue messages, then the controlled stop
     time.sleep(0.2)
     assert _at_rest(client) and statuses[-1].state != SafetyStatus.OK  # latched, healthy input again
     resp = client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
     assert resp.success and "bad joint state" in resp.message, resp.message
-    assert wait_for(lambda: _moving(client), 3.0), "arm did not resume after reset"
+    assert wait_for(lambda: _moving(client), 10.0), "arm did not resume after reset"
 
 
 def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ros_context):
