@@ -179,8 +179,11 @@ def test_killing_the_filter_stops_the_arm_through_its_own_timeout(stack):
     t_kill = time.time()
     filt.process.send_signal(signal.SIGKILL)  # no goodbye command: only the driver's timeout is left
     assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"arm still moving: {client.latest()[2]}"
-    # 50 ms driver timeout + a controlled deceleration from 0.4 rad/s: ~0.1 s (by the arm's stamps)
-    assert client.rest_after(t_kill) < 0.5, f"at rest {client.rest_after(t_kill):.3f} s after the filter died"
+    # 50 ms driver timeout + a controlled deceleration from 0.4 rad/s: ~0.1 s on an idle machine. The
+    # arm's stamps are its own wall clock when it publishes: a stall of the arm's process itself (a
+    # CI run with one core kept busy once measured 1.006 s) counts too. The bound says the driver's
+    # timeout stops the arm with no filter at all; without it the arm would keep the last command.
+    assert client.rest_after(t_kill) < 2.0, f"at rest {client.rest_after(t_kill):.3f} s after the filter died"
 
 
 @pytest.mark.parametrize("bad", [[0.1] * 5, [0.1, float("nan"), 0, 0, 0, 0]], ids=["wrong_length", "nan"])

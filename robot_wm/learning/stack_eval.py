@@ -23,6 +23,7 @@ No torch: numpy, onnxruntime, OSQP, pinocchio and MuJoCo.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import Counter
@@ -164,6 +165,7 @@ def evaluate_stack(
     nominal_delay_periods: int = 1,
     stack: bool = True,
     progress: bool = False,
+    trace: list | None = None,
 ) -> StackEvalReport:
     """Run ``policy`` through the safety filter on the simulator; deterministic for a seed.
 
@@ -178,6 +180,8 @@ def evaluate_stack(
         stack: False sends the policy's command straight to the arm (no filter, no world model):
             the task's own numbers, as ``robot-wm eval`` without ``--stack``.
         progress: a tqdm progress bar on stderr.
+        trace: a list to append every filter period to (``PeriodTrace``: the inputs the filter got
+            and the command it returned), e.g. to replay them through the node.
     Raises:
         ProfileError, ModelError: a bad profile or model; PolicyOutputError: a non-finite action.
     """
@@ -212,7 +216,7 @@ def evaluate_stack(
               file=sys.stderr, disable=not progress, leave=False,
               mininterval=0.1 if sys.stderr.isatty() else 5.0) as bar:
         for i in range(n):
-            ep = _run_episode(policy, prof, built, wm, check, task, eps, i, nominal_delay_periods)
+            ep = _run_episode(policy, prof, built, wm, check, task, eps, i, nominal_delay_periods, trace)
             success[i], peak[i], interventions[i] = ep["success"], ep["peak"], ep["interventions"]
             for key, value in ep["metrics"].items():
                 metrics.setdefault(key, np.full(n, np.nan))[i] = value
@@ -224,7 +228,23 @@ def evaluate_stack(
                            interventions, periods, violations, states, time.perf_counter() - started)
 
 
-def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps, i: int, delay: int) -> dict:
+@dataclass(frozen=True)
+class PeriodTrace:
+    """One filter period of an evaluation: what the filter was given and what it commanded."""
+
+    episode: int
+    t_s: float
+    q_rad: np.ndarray
+    qdot_radps: np.ndarray
+    force_sensor_n: np.ndarray
+    nominal_radps: np.ndarray
+    nominal_stamp_s: float
+    command_radps: np.ndarray
+    enabled_after: bool  # an operator's reset was accepted after this period
+
+
+def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps, i: int, delay: int,
+                 trace: list | None = None) -> dict:
     """One episode (through the filter when ``wm`` is given: enabled by an operator after its tare)."""
     from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
     from robot_wm.sim import ArmSim
@@ -249,6 +269,9 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
             res = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t),
                             nominal=NominalSample(nominal, nominal_stamp), wrench=WrenchSample(force, t, cfg.ft_frame))
             command = res.u_safe_radps
+            if trace is not None:
+                trace.append(PeriodTrace(i, t, js.position_rad, js.velocity_radps, np.array(force), np.array(nominal),
+                                         nominal_stamp, np.array(command), False))
         sim.set_command(command)
         sim.step(sim_steps)
         t += dt
@@ -258,6 +281,8 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         for _ in range(int(round(cfg.tare_window_s / dt)) + 5):
             period(sim.joint_state(), np.zeros(n_j), t)
             if ctrl.reset()[0]:
+                if trace is not None:
+                    trace[-1] = dataclasses.replace(trace[-1], enabled_after=True)
                 break
         else:
             raise RuntimeError(f"the safety filter could not be enabled at the start of the episode: {ctrl.summary()}")
