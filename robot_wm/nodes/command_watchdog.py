@@ -115,6 +115,7 @@ class CommandWatchdogNode(Node):
         self._client = self.create_client(SwitchController, self.service_name)
         self._futures: dict[int, tuple[Any, float]] = {}  # request id -> (future, sent at, monotonic s)
         self._reported: set[str] = set()
+        self._cm_reachable: bool | None = None  # None: not checked yet
         self.callback_errors = 0
         self._published_revision = -1
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -123,6 +124,7 @@ class CommandWatchdogNode(Node):
         self.create_service(Trigger, "~/rearm", self._on_rearm)
         self.create_timer(check_period_s, lambda: self._guarded("tick", self._tick))
         self.create_timer(diag_period_s, lambda: self._guarded("diagnostics", self._publish_diagnostics))
+        self.create_timer(0.2, lambda: self._guarded("reachability", self._check_reachable))
         self.get_logger().info(
             f"command watchdog up: watching {self.command_topic}, timeout {timeout_s:g} s; on silence "
             f"{self.service_name} deactivates {velocity_controller}"
@@ -160,6 +162,20 @@ class CommandWatchdogNode(Node):
         if request is not None:
             self._send(request, now)
         self._after_core(now)
+
+    def _check_reachable(self) -> None:
+        """Log each change of whether the controller manager's switch service is discovered: an
+        operator must know when a trip could not stop the arm."""
+        ready = bool(self._client.service_is_ready())
+        if ready == self._cm_reachable:
+            return
+        self._cm_reachable = ready
+        if ready:
+            self.get_logger().info(f"controller manager reachable: {self.service_name} is available")
+        else:
+            self.get_logger().warning(
+                f"controller manager NOT reachable: {self.service_name} is not available; a trip now would "
+                "retry its stop until the service appears")
 
     def _on_rearm(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         result = self._guarded("rearm", self._rearm)
@@ -227,6 +243,7 @@ class CommandWatchdogNode(Node):
         values["callback_errors"] = str(self.callback_errors)
         values["command_topic"] = self.command_topic
         values["switch_service"] = self.service_name
+        values["switch_service_available"] = {None: "unknown", True: "true", False: "false"}[self._cm_reachable]
         status.values = [KeyValue(key=k, value=v) for k, v in values.items()]
         msg = DiagnosticArray(status=[status])
         msg.header.stamp = self.get_clock().now().to_msg()
