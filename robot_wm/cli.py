@@ -26,6 +26,8 @@ learning (CPU, minutes; commands behind the shipped models: models/README.md):
   robot-wm train policy               actor-critic in the world model's imagination -> runs/policy/policy.pt
   robot-wm export --world-model runs/world_model/world_model.pt --policy runs/policy/policy.pt
   robot-wm eval --profile real_twin --episodes 200 --seed 0 [--json]
+  robot-wm eval --task track --stack --no-policy      the tracking baseline through the safety filter
+  robot-wm report sim2real --task track --profiles nominal real_twin worn_heavy
 
 Every process robot-wm starts keeps DDS traffic on loopback (config/fastdds_loopback.xml);
 set ROBOT_WM_DDS=system to manage DDS yourself (e.g. robot PC + GPU box).
@@ -174,8 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_env)
 
     from robot_wm.learning.pipeline import add_parsers
+    from robot_wm.learning.report import add_parser as add_report_parser
 
     add_parsers(verbs)
+    add_report_parser(verbs)
     return parser
 
 

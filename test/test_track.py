@@ -153,3 +153,22 @@ def test_train_export_eval_round_trip_for_track(tmp_path):
                           "1", "--json", "--no-progress", "--no-baseline"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout)["policy"]["tracking_rms_m_median"] is not None
+
+
+def test_report_sim2real_writes_the_table_json_and_png(tmp_path):
+    """The report over rows x profiles (here the baseline alone, 1 episode, without the filter to be
+    quick): Markdown, JSON and a PNG, one cell per (row, profile)."""
+    out = tmp_path / "report"
+    run = subprocess.run([PYTHON, "-m", "robot_wm.cli", "report", "sim2real", "--task", "track", "--profiles",
+                          "nominal", "worn_heavy", "--episodes", "1", "--no-stack", "--out", str(out), "--no-progress"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = json.loads((out / "sim2real_track.json").read_text())
+    assert doc["profiles"] == ["nominal", "worn_heavy"] and "scripted baseline" in doc["rows"]
+    assert set(doc["cells"]["scripted baseline"]) == {"nominal", "worn_heavy"}
+    table = (out / "sim2real_track.md").read_text()
+    assert "| scripted baseline |" in table and "worn_heavy" in table
+    assert (out / "sim2real_track.png").stat().st_size > 1000
+    bad = subprocess.run([PYTHON, "-m", "robot_wm.cli", "report", "sim2real", "--task", "track", "--sim-only",
+                          str(tmp_path / "nothing"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "policy.onnx not found" in bad.stderr
