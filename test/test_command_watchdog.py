@@ -272,8 +272,6 @@ def test_status_for_diagnostics():
 TIMEOUT_S = 0.2          # the watchdog's timeout in the process tests (a loaded machine stalls > 50 ms)
 TRIP_BOUND_S = 0.75      # the stop request must reach the controller manager this soon after the last command
 ROS_TIMEOUT_S = 60.0     # generous waits for start-up and discovery
-ARMED_LINE = "first command received: armed"
-REACHABLE_LINE = "controller manager reachable"  # the watchdog has discovered the switch service
 
 
 def _watchdog_cmd(**params) -> list[str]:
@@ -474,9 +472,9 @@ def test_silence_deactivates_the_controller_latches_and_rearm_needs_a_live_zero_
     cm = fake_cm()
     src = source()
     wd = spawn(_watchdog_cmd(rearm_zero_commands=10))
-    assert wait_for(lambda: ARMED_LINE in wd.output(), ROS_TIMEOUT_S), wd.output()
-    assert wait_for(lambda: REACHABLE_LINE in wd.output(), ROS_TIMEOUT_S), wd.output()
-    assert wait_for(lambda: src.has_state("ARMED"), 10.0), src.statuses[-3:]  # /diagnostics (1 Hz)
+    # armed, and the switch service discovered (/diagnostics; published on each change)
+    assert wait_for(lambda: src.has_state("ARMED", switch_service_available="true"), ROS_TIMEOUT_S), \
+        wd.output() + str(src.statuses[-3:])
     assert wait_for(lambda: len(src.seen) > 100, ROS_TIMEOUT_S)  # ~1 s of commands under the watchdog
     assert not cm.calls, f"tripped while commands were flowing: {cm.calls}\n{wd.output()}"
 
@@ -524,8 +522,8 @@ def test_stop_is_retried_until_the_controller_manager_answers_ok(spawn, ros_cont
     src = source()
     # activate a stopping controller in the same switch; no controller manager yet
     wd = spawn(_watchdog_cmd(retry_interval_s=0.1, stop_controllers=["hold_position_controller"]))
-    assert wait_for(lambda: ARMED_LINE in wd.output(), ROS_TIMEOUT_S), wd.output()
-    assert wait_for(lambda: "NOT reachable" in wd.output(), 10.0), wd.output()
+    assert wait_for(lambda: src.has_state("ARMED", switch_service_available="false"), ROS_TIMEOUT_S), \
+        wd.output() + str(src.statuses[-3:])
     src.stop_publishing()
     assert wait_for(lambda: "is not available" in wd.output(), 10.0), wd.output()
     cm = fake_cm(answers=[(False, "busy switching"), (False, "still busy")])
@@ -555,8 +553,8 @@ def test_killing_the_real_safety_filter_deactivates_the_velocity_controller(spaw
     spawn(command_for(specs["arm_sim"]))
     filt = spawn(command_for(specs["safety_filter"]))
     wd = spawn(_watchdog_cmd())
-    assert wait_for(lambda: ARMED_LINE in wd.output(), ROS_TIMEOUT_S), filt.output()[-3000:] + wd.output()
-    assert wait_for(lambda: REACHABLE_LINE in wd.output(), ROS_TIMEOUT_S), wd.output()
+    assert wait_for(lambda: src.has_state("ARMED", switch_service_available="true"), ROS_TIMEOUT_S), \
+        filt.output()[-3000:] + wd.output() + str(src.statuses[-3:])
     assert wait_for(lambda: len(src.seen) > 50, ROS_TIMEOUT_S), filt.output()[-3000:]
     assert not cm.calls, f"tripped while the filter was streaming: {cm.calls}\n{wd.output()}"
 

@@ -176,6 +176,7 @@ class CommandWatchdogNode(Node):
             self.get_logger().warning(
                 f"controller manager NOT reachable: {self.service_name} is not available; a trip now would "
                 "retry its stop until the service appears")
+        self._publish_diagnostics()
 
     def _on_rearm(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         result = self._guarded("rearm", self._rearm)
