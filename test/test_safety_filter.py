@@ -926,3 +926,45 @@ def test_policy_closed_loop_on_the_arm_with_the_shipped_world_model_solves_every
         q5_max = max(q5_max, q[5])
     assert q5_max > base.upper_rad[5] - 0.01, "the loop never reached wrist_3's limit: it tests nothing"
     assert set(states) <= {"OK", "FILTERING"}, states
+
+
+def test_a_solved_inaccurate_answer_is_used_only_when_it_passes_the_post_check(limits, kin):
+    """OSQP's "solved inaccurate" (status 2) answer is the command when every hard row holds at
+    its true bound (FILTERING, the reason says so); one that breaks a hard row is a controlled
+    stop (FAULT postcheck), never sent."""
+    from types import SimpleNamespace
+
+    class Inaccurate:
+        """The real solver, with its answer relabelled "solved inaccurate" (and optionally replaced)."""
+
+        def __init__(self, real, x=None):
+            self.real, self.x = real, x
+
+        def update(self, **kwargs):
+            return self.real.update(**kwargs)
+
+        def solve(self, raise_error=False):
+            res = self.real.solve(raise_error=False)
+            x = res.x if self.x is None else self.x
+            return SimpleNamespace(x=x, info=SimpleNamespace(status_val=2, iter=17))
+
+    f = SafetyFilter(limits, kin, DT)
+    real = f._solver
+    inp = FilterInput(HOME, np.zeros(6), np.full(6, 3.0), u_prev_radps=np.zeros(6))  # far beyond the accel box
+    exact = f.filter(inp)
+    assert exact.state == FilterState.FILTERING and exact.solver_status == 1
+    f._solver = Inaccurate(real)
+    out = f.filter(inp)
+    assert out.state == FilterState.FILTERING and out.solver_status == 2, out.reason
+    assert "solved inaccurate" in out.reason and "post-check" in out.reason
+    np.testing.assert_allclose(out.u_safe_radps, exact.u_safe_radps, atol=1e-6)
+    # a wild "inaccurate" answer is clipped onto the hard box (acceleration, speed, joint limits) ...
+    n_var = len(real.solve(raise_error=False).x)
+    f._solver = Inaccurate(real, x=np.full(n_var, 50.0))
+    wild = f.filter(FilterInput(HOME, np.zeros(6), np.full(6, 3.0), u_prev_radps=np.zeros(6)))
+    assert np.all(np.abs(wild.u_safe_radps) <= limits.accel_max_radps2 * DT + 1e-9), wild.u_safe_radps
+    # ... and a non-finite one is a controlled stop
+    f._solver = Inaccurate(real, x=np.full(n_var, np.nan))
+    bad = f.filter(FilterInput(HOME, np.zeros(6), np.full(6, 3.0), u_prev_radps=np.zeros(6)))
+    assert bad.state == FilterState.FAULT and bad.fault_kind == FaultKind.SOLVER and "non-finite" in bad.reason
+    assert np.all(np.isfinite(bad.u_safe_radps)) and np.allclose(bad.u_safe_radps, 0.0)

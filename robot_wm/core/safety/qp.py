@@ -37,6 +37,7 @@ from robot_wm.core.safety.limits import SafetyLimits
 from robot_wm.core.safety.types import (
     OSQP_INFEASIBLE,
     OSQP_SOLVED,
+    OSQP_SOLVED_INACCURATE,
     SOLVER_NOT_RUN,
     BoundSource,
     FaultKind,
@@ -526,7 +527,7 @@ class SafetyFilter:
         solve_time = time.perf_counter() - t0
         text = solver_status_text(status)
         extra = dict(solver_status=status, solver_status_text=text, iterations=iters, solve_time_s=solve_time)
-        if status != OSQP_SOLVED:
+        if status not in (OSQP_SOLVED, OSQP_SOLVED_INACCURATE):
             if status in OSQP_INFEASIBLE:
                 return self._stop(FilterState.STOPPING, f"infeasible: QP {text}", u_prev, u_nom_raw, **extra)
             return self._stop(FilterState.FAULT, f"solver: {text} after {iters} iterations", u_prev, u_nom_raw,
@@ -546,6 +547,9 @@ class SafetyFilter:
             return self._stop(FilterState.FAULT, f"post-check failed: {self.row_names[hard[i]]} violated by {viol[i]:.3g}",
                               u_prev, u_nom_raw, kind=FaultKind.POSTCHECK, **extra)
         slack = self._slack(u, val)
+        if status == OSQP_SOLVED_INACCURATE:  # safe (post-checked), possibly further from the nominal than optimal
+            note = f"{note}; QP solved inaccurate after {iters} iterations, passed the post-check" if note else \
+                f"QP solved inaccurate after {iters} iterations, passed the post-check"
         return FilterOutput(
             u_safe_radps=u, state=FilterState.FILTERING, reason=note, active_constraints=self._active(val),
             intervention_norm=float(np.linalg.norm(u - u_nom_raw)), max_slack=max(slack.values()), slack=slack,

@@ -105,6 +105,9 @@ class BoundSource(IntEnum):
 #: solver_status when no QP was solved this period (not an OSQP value: those start at 1).
 SOLVER_NOT_RUN = 0
 OSQP_SOLVED = 1
+#: OSQP stopped at its iteration/time budget with an approximate answer (OSQP_SOLVED_INACCURATE);
+#: accepted only when it passes the post-check at the true hard bounds, like every solution.
+OSQP_SOLVED_INACCURATE = 2
 OSQP_INFEASIBLE = (3, 4)
 
 
