@@ -23,6 +23,7 @@ setup(
         (f"share/{package_name}/config/sim_profiles", glob("config/sim_profiles/*.yaml")),
         (f"share/{package_name}/urdf", glob("urdf/*.xacro")),
         (f"share/{package_name}/models", glob("models/*.onnx") + glob("models/*.json")),
+        (f"share/{package_name}/models/track", glob("models/track/*.onnx") + glob("models/track/*.json")),
     ],
     install_requires=["numpy", "PyYAML", "xacro", "pin", "mujoco", "osqp", "onnxruntime"],
     python_requires=">=3.10",

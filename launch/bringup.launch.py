@@ -38,10 +38,11 @@ def _nodes(context):
     profile = LaunchConfiguration("profile").perform(context)
     composed = LaunchConfiguration("composed").perform(context).lower() in ("true", "1", "yes")
     enable = LaunchConfiguration("enable").perform(context).lower() in ("true", "1", "yes")
+    task = LaunchConfiguration("task").perform(context)
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else None
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
-                           enable=enable):
+                           enable=enable, task=task):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
         if spec.composes and inline:
@@ -80,5 +81,7 @@ def generate_launch_description():
         DeclareLaunchArgument("enable", default_value="false",
                               description="the safety filter enables itself (hardware:=mujoco only; "
                                           "otherwise an operator calls /robot_wm/reset_estop)"),
+        DeclareLaunchArgument("task", default_value="reach",
+                              description="reach (goal_sequencer) | track (path_sequencer); the policy's task"),
         OpaqueFunction(function=_nodes),
     ])

@@ -15,7 +15,7 @@ examples:
   robot-wm doctor                     check this machine (interfaces, DDS profile, URDF, models)
   robot-wm sim --profile real_twin    run only the embedded MuJoCo arm (Ctrl-C to stop)
   robot-wm up                         bring up the node graph on the embedded arm
-  robot-wm demo                       the whole stack on the embedded arm: goals, push, e-stop, summary + report
+  robot-wm demo                       the whole stack on the embedded arm: goals, then paths; push, e-stop, reports
   robot-wm estop | reset | status     operator commands for the running stack's safety filter
   robot-wm tare                       re-tare the F/T sensor after a payload change (e-stop first)
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
@@ -56,7 +56,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
               f"  ros2 launch robot_wm bringup.launch.py hardware:={args.hardware}\n"
               f"without a ROS install, use the embedded arm: robot-wm up --hardware {EMBEDDED}", file=sys.stderr)
         return 2
-    specs = plan(args.hardware, overrides={"profile": args.profile}, composed=args.composed, enable=args.enable)
+    specs = plan(args.hardware, overrides={"profile": args.profile}, composed=args.composed, enable=args.enable,
+                 task=args.task)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -86,9 +87,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
-    from robot_wm.demo import run_demo
+    from robot_wm.demo import run_demos
 
-    return run_demo(profile=args.profile, duration_s=args.duration, out_dir=out, composed=args.composed)
+    return run_demos(args.task, profile=args.profile, duration_s=args.duration, out_dir=out, composed=args.composed)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="mujoco", help="mujoco (default); other hardware needs `ros2 launch` on a ROS install")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process (lowest latency)")
+    p.add_argument("--task", default="reach", choices=("reach", "track"),
+                   help="reach: goals (goal_sequencer); track: reference paths (path_sequencer)")
     p.add_argument("--enable", action="store_true",
                    help="let the safety filter enable itself once its inputs are healthy (embedded arm only; "
                         "without it the filter waits for `robot-wm reset`)")
@@ -149,7 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of the run (push at 40 %%, e-stop at 70 %%)")
+    p.add_argument("--task", default="both", choices=("reach", "track", "both"),
+                   help="reach: goals; track: reference paths; both (default): reach, then track")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds of each run (default 60 reach, 45 track; push at 40 %%, e-stop at 70 %%)")
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process")
     p.add_argument("--out", default="out/demo", help="directory for the summary (and report) files")
     p.set_defaults(func=_cmd_demo)

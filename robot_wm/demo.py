@@ -1,11 +1,14 @@
-"""`robot-wm demo` (and `make demo`): the whole stack on the embedded MuJoCo arm.
+"""`robot-wm demo` (and `make demo`): the whole stack on the embedded MuJoCo arm, for each task.
 
-The node graph of config/graph.yaml runs as `robot-wm up` starts it: the embedded arm, the
-safety filter (the only publisher of hardware commands), the world model, the learned policy and
-the goal sequencer. This process only watches and acts as the operator: about a minute of goals,
-then a push from the fault injector, more goals, an e-stop, a reset and more goals, with a live
-status line. At the end a summary measured on the arm's actual /joint_states and a PNG report
-(joint trajectories with limits, tool speed vs its limit, filter interventions, prediction error).
+The node graph of config/graph.yaml runs as `robot-wm up --task T` starts it: the embedded arm,
+the safety filter (the only publisher of hardware commands), the world model, the learned policy
+of the task and its target source (goal_sequencer for ``reach``, path_sequencer for ``track``).
+This process only watches and acts as the operator: goals or reference paths, a push from the
+fault injector, more, an e-stop, a reset and more, with a live status line. At the end a summary
+measured on the arm's actual /joint_states (goals reached or paths tracked and their errors, the
+filter's intervention rate and states, limits, e-stop) and a PNG report (joint trajectories with
+limits, tool speed vs its limit, filter interventions, prediction error; for ``track`` also the
+reference path against the actual tool path). ``--task both`` (``make demo``) runs reach, then track.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ class DemoSummary:
 
     profile: str
     duration_s: float
+    task: str
     goals_reached: int
     goals_timed_out: int
     time_to_goal_s_median: float | None
@@ -52,6 +56,10 @@ class DemoSummary:
     qp_solve_us_p99: float
     prediction_error_qdot_radps_median: float | None
     joint_states_hz: float
+    intervention_rate: float  # fraction of the filter's periods (after the enable) in FILTERING
+    paths_done: int = 0  # track: paths run to their end
+    paths_succeeded: int = 0
+    tracking_rms_m_median: float | None = None  # track: measured tool (FK of /joint_states)
     events: list[str] = field(default_factory=list)
     passed: bool = False
 
@@ -73,6 +81,7 @@ class _Monitor:
         self.pred_err: list[tuple[float, float]] = []
         self.events: list[tuple[float, str]] = []
         self.goal: np.ndarray | None = None
+        self.reference: list[tuple[float, np.ndarray]] = []  # track: (receipt time, reference now)
         self._pending_pred: tuple[float, np.ndarray] | None = None
         self._joint_names = joint_names
 
@@ -108,6 +117,25 @@ class _Monitor:
         node.create_subscription(WorldModelPrediction, "/robot_wm/prediction", on_pred, 10)
         node.create_subscription(PointStamped, "/robot_wm/goal", on_goal, 10)
         node.create_subscription(String, "/goal_sequencer/events", lambda m: self.event(m.data), 10)
+        node.create_subscription(String, "/path_sequencer/events", lambda m: self.event(m.data), 10)
+
+        def on_reference(msg):
+            from robot_wm.nodes.path_sequencer import reference_window
+
+            try:
+                window = reference_window(msg)
+            except InputError:
+                return
+            point = window.points_m[0]
+            with self.lock:
+                self.reference.append((time.monotonic(), point))
+                self.goal = point
+
+        from trajectory_msgs.msg import MultiDOFJointTrajectory
+
+        from robot_wm.nodes.path_sequencer import REFERENCE_TOPIC
+
+        node.create_subscription(MultiDOFJointTrajectory, REFERENCE_TOPIC, on_reference, 10)
 
     def event(self, text: str) -> None:
         with self.lock:
@@ -127,9 +155,31 @@ def _call(node, srv_type, name: str, request, timeout_s: float = 5.0):
     return future.result()
 
 
+def run_demos(task: str = "both", profile: str = "nominal", duration_s: float | None = None,
+              out_dir: Path | None = Path("out/demo"), composed: bool = False, live: bool | None = None) -> int:
+    """Run the demo of ``task`` ("reach", "track" or "both": reach, then track); 0 when all passed."""
+    tasks = ("reach", "track") if task == "both" else (task,)
+    codes = []
+    for name in tasks:
+        seconds = duration_s if duration_s is not None else DEFAULT_DURATION_S[name]
+        code = run_demo(profile, seconds, out_dir, composed, live, task=name)
+        if code == 130:
+            return code
+        codes.append(code)
+    if len(tasks) > 1:
+        verdicts = [f"{n} {'PASS' if c == 0 else 'FAIL'}" for n, c in zip(tasks, codes)]
+        print(f"demo: {', '.join(verdicts)}")
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+DEFAULT_DURATION_S = {"reach": 60.0, "track": 45.0}
+
+
 def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path | None = Path("out/demo"),
-             composed: bool = False, live: bool | None = None) -> int:
-    """Run the demo; 0 when it passed (goals reached, no limit violated, e-stop worked)."""
+             composed: bool = False, live: bool | None = None, task: str = "reach") -> int:
+    """Run the demo of one task; 0 when it passed (goals reached or paths tracked, no limit
+    violated, e-stop worked). Writes ``<task>_summary.json`` and ``<task>_report.png`` (reach:
+    ``demo_summary.json``, ``demo_report.png``) into ``out_dir``."""
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
@@ -152,10 +202,11 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     # the operator's timeline, as fractions of the run
     t_push, t_estop, t_reset = 0.40 * duration_s, 0.70 * duration_s, 0.70 * duration_s + 3.0
-    print(f"robot_wm demo: the whole stack on the embedded MuJoCo arm (profile {profile}"
-          f"{', composed' if composed else ''}) for {duration_s:.0f} s: goals, a push at {t_push:.0f} s, "
+    targets = "goals" if task == "reach" else "reference paths"
+    print(f"robot_wm demo ({task}): the whole stack on the embedded MuJoCo arm (profile {profile}"
+          f"{', composed' if composed else ''}) for {duration_s:.0f} s: {targets}, a push at {t_push:.0f} s, "
           f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
-    group = ProcessGroup(plan("mujoco", overrides={"profile": profile}, composed=composed), env)
+    group = ProcessGroup(plan("mujoco", overrides={"profile": profile}, composed=composed, task=task), env)
     context = Context()
     rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("robot_wm_demo", context=context)
@@ -218,14 +269,15 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
         if stop.is_set():
             print("interrupted")
             return 130
-        summary = _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok)
+        summary = _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, task)
         _print_summary(summary)
         if out_dir is not None:
             out_dir = Path(out_dir)
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "demo_summary.json").write_text(json.dumps(asdict(summary), indent=2))
-            png = _report(mon, kin, limits, names, t0, out_dir / "demo_report.png")
-            print(f"summary: {out_dir / 'demo_summary.json'}   report: {png}")
+            stem = "demo" if task == "reach" else task
+            (out_dir / f"{stem}_summary.json").write_text(json.dumps(asdict(summary), indent=2))
+            png = _report(mon, kin, limits, names, t0, out_dir / f"{stem}_report.png", task)
+            print(f"summary: {out_dir / f'{stem}_summary.json'}   report: {png}")
         code = 0 if summary.passed else 1
     finally:
         stop.set()
@@ -251,7 +303,7 @@ def _status_line(mon: _Monitor, kin, now: float) -> str:
         return f"t={now:5.1f}s  waiting"
     tool = kin.tool_position_m(js[1])
     dist = np.linalg.norm(tool - mon.goal) * 1e3 if mon.goal is not None else float("nan")
-    return (f"t={now:5.1f}s  js {recent:3d} Hz  goal err {dist:6.1f} mm  filter {status[2]:<9} "
+    return (f"t={now:5.1f}s  js {recent:3d} Hz  target err {dist:6.1f} mm  filter {status[2]:<9} "
             f"interventions {interventions:5d}  pred err {err:.3f} rad/s   ")
 
 
@@ -264,7 +316,16 @@ def _tool_speeds(mon: _Monitor, kin) -> tuple[np.ndarray, np.ndarray]:
     return t, speed
 
 
-def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) -> DemoSummary:
+def _path_results(events: list[tuple[float, str]]) -> list[tuple[float, bool]]:
+    """(RMS m, success) of each finished path, from path_sequencer's events."""
+    out = []
+    for _, e in events:
+        if " done: RMS " in e:
+            out.append((float(e.split(" done: RMS ")[1].split(" mm")[0]) * 1e-3, "(success" in e))
+    return out
+
+
+def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, task="reach") -> DemoSummary:
     with mon.lock:
         js = list(mon.js)
         status = [s for s in mon.status if s[0] >= t0]  # from the operator's enable on
@@ -291,8 +352,10 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) ->
         np.abs(qd).max() > 0.05 for t, _, qd in js if t - t0 > reset_at + 0.2)
     pred = np.array([e for _, e in mon.pred_err])
     t_js = np.array([x[0] for x in js])
+    paths = _path_results(events)
+    moving = [s for s in status if s[2] in ("OK", "FILTERING")]
     summary = DemoSummary(
-        profile=profile, duration_s=duration_s, goals_reached=len(reached), goals_timed_out=timed_out,
+        profile=profile, duration_s=duration_s, task=task, goals_reached=len(reached), goals_timed_out=timed_out,
         time_to_goal_s_median=float(np.median(times)) if times else None, joint_limit_violations=violations,
         max_limit_overshoot_rad=float(max(over.max(), 0.0)) if len(over) else 0.0,
         max_tool_speed_mps=float(speed[~in_push].max()) if (~in_push).any() else 0.0,
@@ -304,10 +367,17 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok) ->
         qp_solve_us_p99=float(np.percentile(solve, 99)) if len(solve) else 0.0,
         prediction_error_qdot_radps_median=float(np.median(pred)) if len(pred) else None,
         joint_states_hz=float(len(t_js) / max(t_js[-1] - t_js[0], 1e-9)) if len(t_js) > 1 else 0.0,
+        intervention_rate=float(sum(s[2] == "FILTERING" for s in moving) / len(moving)) if moving else 0.0,
+        paths_done=len(paths), paths_succeeded=sum(ok for _, ok in paths),
+        tracking_rms_m_median=float(np.median([r for r, _ in paths])) if paths else None,
         events=[f"{t:6.2f} s  {e}" for t, e in events],
     )
+    if task == "reach":
+        progress = summary.goals_reached >= max(1, 0.6 * (summary.goals_reached + summary.goals_timed_out))
+    else:  # the push and the e-stop spoil their paths: most of the others must succeed
+        progress = summary.paths_succeeded >= max(1, 0.5 * summary.paths_done)
     summary.passed = bool(
-        summary.goals_reached >= max(1, 0.6 * (summary.goals_reached + summary.goals_timed_out))
+        progress
         and violations == 0
         and summary.max_tool_speed_mps <= limits.tool_speed_max_mps + TOOL_SPEED_TOLERANCE_MPS
         and estop_to_rest is not None and estop_to_rest < 0.3 and resumed
@@ -319,15 +389,19 @@ def _print_summary(s: DemoSummary) -> None:
     print("---- summary (measured on the arm's /joint_states) ----")
     for line in s.events:
         print("  " + line)
-    ttg = "-" if s.time_to_goal_s_median is None else f"{s.time_to_goal_s_median:.2f} s"
-    print(f"goals reached {s.goals_reached}, timed out {s.goals_timed_out}, median time to goal {ttg}")
+    if s.task == "reach":
+        ttg = "-" if s.time_to_goal_s_median is None else f"{s.time_to_goal_s_median:.2f} s"
+        print(f"goals reached {s.goals_reached}, timed out {s.goals_timed_out}, median time to goal {ttg}")
+    else:
+        rms = "-" if s.tracking_rms_m_median is None else f"{s.tracking_rms_m_median * 1e3:.1f} mm"
+        print(f"paths tracked {s.paths_done}, succeeded {s.paths_succeeded}, median tracking RMS {rms} (measured tool)")
     print(f"joint-limit violations {s.joint_limit_violations} (beyond the safety limits + {JOINT_LIMIT_TOLERANCE_RAD} rad; "
           f"max overshoot {s.max_limit_overshoot_rad * 1e3:.1f} mrad)")
     print(f"max tool speed {s.max_tool_speed_mps:.3f} m/s (limit {s.tool_speed_limit_mps} m/s + {TOOL_SPEED_TOLERANCE_MPS} m/s "
           f"tracking tolerance); during the push {s.max_tool_speed_during_push_mps:.3f} m/s")
     rest = "never" if s.estop_to_rest_s is None else f"{s.estop_to_rest_s * 1e3:.0f} ms"
     print(f"e-stop -> arm at rest (|q̇| < 0.01 rad/s) after {rest}; resumed after reset: {s.resumed_after_reset}")
-    print(f"filter states {s.filter_states}")
+    print(f"filter states {s.filter_states}; intervention rate {100 * s.intervention_rate:.1f} % of the moving periods")
     print(f"active constraints {dict(list(s.active_constraints.items())[:8])}")
     print(f"QP solve p50 {s.qp_solve_us_p50:.0f} us, p99 {s.qp_solve_us_p99:.0f} us; /joint_states {s.joint_states_hz:.0f} Hz")
     if s.prediction_error_qdot_radps_median is not None:
@@ -335,7 +409,7 @@ def _print_summary(s: DemoSummary) -> None:
     print("PASS" if s.passed else "FAIL")
 
 
-def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path) -> Path:
+def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path, task: str = "reach") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -346,9 +420,14 @@ def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path) -> Path:
         status = list(mon.status)
         pred = list(mon.pred_err)
         events = list(mon.events)
+        reference = list(mon.reference)
     t = np.array([x[0] for x in js]) - t0
     q = np.array([x[1] for x in js])
-    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
+    track = task == "track" and len(reference) > 1
+    fig = plt.figure(figsize=(11, 16 if track else 12))
+    rows = 6 if track else 4
+    axes = [fig.add_subplot(rows, 1, 1)]
+    axes += [fig.add_subplot(rows, 1, k, sharex=axes[0]) for k in range(2, 5)]
     ax = axes[0]
     for i, name in enumerate(names):
         line, = ax.plot(t, q[:, i], lw=1, label=name)
@@ -371,6 +450,8 @@ def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path) -> Path:
         axes[3].plot(np.array([p[0] for p in pred]) - t0, [p[1] for p in pred], lw=0.6)
     axes[3].set_ylabel("prediction error (rad/s)")
     axes[3].set_xlabel("time (s)")
+    if track:
+        _track_panels(fig, axes, kin, js, reference, t0)
     for ax in axes:
         for te, text in events:
             if text.startswith("operator"):
@@ -379,3 +460,29 @@ def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _track_panels(fig, axes, kin, js, reference, t0: float) -> None:
+    """Tracking error over time (under the time panels) and the reference path against the actual
+    tool path, projected on the base frame's x-y and x-z planes (the bottom row)."""
+    t_js = np.array([x[0] for x in js])
+    tool = np.array([kin.tool_position_m(x[1]) for x in js])
+    t_ref = np.array([r[0] for r in reference])
+    ref = np.array([r[1] for r in reference])
+    inside = (t_ref >= t_js[0]) & (t_ref <= t_js[-1])
+    t_ref, ref = t_ref[inside], ref[inside]
+    at_ref = np.stack([np.interp(t_ref, t_js, tool[:, k]) for k in range(3)], axis=1)
+    err = np.linalg.norm(at_ref - ref, axis=1)
+    ax = fig.add_subplot(6, 1, 5, sharex=axes[0])
+    ax.plot(t_ref - t0, err * 1e3, lw=0.8)
+    ax.set_ylabel("|tool - reference| (mm)")
+    ax.set_ylim(0, max(20.0, float(np.percentile(err, 95)) * 1e3 * 1.2) if len(err) else 20.0)
+    ax.set_xlabel("time (s)")
+    axes.append(ax)
+    for col, (i, j, label) in enumerate(((0, 1, "x-y"), (0, 2, "x-z"))):
+        ax = fig.add_subplot(6, 2, 11 + col)
+        ax.plot(ref[:, i], ref[:, j], "k--", lw=0.8, label="reference")
+        ax.plot(at_ref[:, i], at_ref[:, j], lw=0.8, alpha=0.8, label="tool (measured)")
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_title(f"reference vs tool path ({label}, m)", fontsize=9)
+        ax.legend(fontsize=7)

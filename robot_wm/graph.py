@@ -18,6 +18,8 @@ EMBEDDED = "mujoco"
 KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco")
 SAFETY_FILTER = "safety_filter"
 TRUST_MONITOR = "trust_monitor"
+POLICY = "policy"
+TASKS = ("reach", "track")
 _PHASE_SIM, _PHASE_REAL, _LEVEL_STOP = 0, 2, 3  # msg/TrustState.msg PHASE_SIM, PHASE_REAL, LEVEL_STOP
 
 
@@ -117,6 +119,7 @@ def plan(
     composed: bool = False,
     stack: bool = True,
     enable: bool = False,
+    task: str = "reach",
 ) -> list[ProcessSpec]:
     """Return the processes that bring up robot_wm on ``hardware``.
 
@@ -129,6 +132,8 @@ def plan(
         stack: include the control stack (False: only the hardware side, e.g. for driving the arm directly).
         enable: let the safety filter release its start latch by itself (``enable_on_start``);
             allowed on the embedded arm only — on hardware an operator enables it.
+        task: the task the stack runs ("reach": goal_sequencer, "track": path_sequencer; graph.yaml
+            ``tasks``); the policy node gets it as its ``task`` parameter.
     Returns:
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
 
@@ -143,12 +148,15 @@ def plan(
     if enable and hardware != EMBEDDED:
         raise GraphError(f"enable (enable_on_start) is for the embedded arm only, not hardware {hardware!r}: "
                          "on hardware an operator enables the safety filter (robot-wm reset)")
+    if task not in TASKS:
+        raise GraphError(f"task {task!r}: expected one of {list(TASKS)}")
     data = load_graph(graph_path)
     group = hardware if hardware in data["hardware"] else "ros2_control"
     entries = [(f"hardware.{group}[{i}]", e) for i, e in enumerate(data["hardware"][group] or [])]
     entries += [(f"common[{i}]", e) for i, e in enumerate(data["common"] or [])]
     if stack:
         entries += [(f"stack[{i}]", e) for i, e in enumerate(data["stack"] or [])]
+        entries += [(f"tasks.{task}[{i}]", e) for i, e in enumerate((data.get("tasks") or {}).get(task) or [])]
     specs = []
     for where, entry in entries:
         spec, wants_description = _parse_entry(entry, f"graph.yaml {where}")
@@ -159,6 +167,8 @@ def plan(
             )
         if overrides and spec.package == "robot_wm":
             params.update(overrides)
+        if spec.name == POLICY:
+            params["task"] = task
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
             if enable:

@@ -262,3 +262,40 @@ def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ro
         assert client.rest_after(t_kill) is not None  # and it stays at rest
     finally:
         client.close()
+
+
+def test_the_tracking_policy_follows_the_path_sequencers_reference_through_the_filter(spawn, ros_context):
+    """task track end to end: path_sequencer publishes reference windows, the real track policy
+    (models/track) reads them for its own time and drives the arm through the filter; the path is
+    scored on the measured tool. Stopping the reference stops the policy's commands (the filter's
+    staleness check then stops the arm)."""
+    from std_msgs.msg import String
+
+    from robot_wm.msg import SafetyStatus
+
+    specs = {s.name: s for s in graph.plan("mujoco", enable=True, task="track") if not s.needs_ros_install}
+    procs = {name: spawn(command_for(specs[name])) for name in ("arm_sim", "safety_filter", "policy", "path_sequencer")}
+    client = ArmClient(ros_context, start=False)
+    events: list[str] = []
+    nominal: list[float] = []
+    client.node.create_subscription(String, "/path_sequencer/events", lambda m: events.append(m.data), 10)
+    client.node.create_subscription(Float64MultiArray, "/robot_wm/action_nominal", lambda m: nominal.append(time.time()), 10)
+    client.start()
+    try:
+        assert client.wait_for_state(60.0), procs["arm_sim"].output()
+        assert wait_for(lambda: any(" done: RMS " in e for e in events), 60.0), \
+            procs["policy"].output()[-2000:] + procs["path_sequencer"].output()[-2000:]
+        done = next(e for e in events if " done: RMS " in e)
+        rms_mm = float(done.split(" done: RMS ")[1].split(" mm")[0])
+        assert 0.0 < rms_mm < 30.0, done  # the arm followed the path (a still arm is ~50-100 mm off)
+        assert events[0].startswith("path 0: ") and any(e.startswith("path 1: ") for e in events)
+        assert not any(s.state == SafetyStatus.FAULT for s in client.statuses), \
+            [s.fault_reason for s in client.statuses if s.state == SafetyStatus.FAULT][:3]
+        procs["path_sequencer"].process.send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        # the last window covers 0.5 s: the policy stops once it no longer covers the preview
+        assert wait_for(lambda: nominal and nominal[-1] < time.time() - 1.0, 10.0)
+        assert nominal[-1] - t_kill < 0.6, f"commanded {nominal[-1] - t_kill:.2f} s after the reference stopped"
+        assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"still moving: {client.latest()[2]}"
+    finally:
+        client.close()

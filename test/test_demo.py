@@ -51,10 +51,11 @@ def test_summary_fails_when_the_arm_does_not_follow():
 
 
 def test_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
-    """`make demo`'s job, shortened: goals through policy + world model + safety filter, a push,
-    an e-stop and a reset, measured on the arm; the PNG report and the JSON summary are written."""
+    """`make demo`'s job, shortened: goals, then reference paths, through policy + world model +
+    safety filter, a push, an e-stop and a reset in each, measured on the arm; the PNG reports and
+    the JSON summaries are written."""
     proc = spawn([PYTHON, "-m", "robot_wm.cli", "demo", "--duration", "16", "--out", str(tmp_path)])
-    assert wait_for(lambda: proc.process.poll() is not None, 180.0, 0.2), proc.output()
+    assert wait_for(lambda: proc.process.poll() is not None, 360.0, 0.2), proc.output()
     out = proc.output()
     assert "Traceback" not in out, out
     summary = json.loads((tmp_path / "demo_summary.json").read_text())
@@ -64,4 +65,11 @@ def test_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
     assert summary["filter_states"].get("ESTOP", 0) > 100  # latched for the 3 s until the reset
     assert summary["goals_reached"] >= 1
     assert summary["max_limit_overshoot_rad"] < 0.05  # well inside the URDF's limits
-    assert proc.process.returncode == (0 if summary["passed"] else 1)
+    track = json.loads((tmp_path / "track_summary.json").read_text())
+    assert (tmp_path / "track_report.png").stat().st_size > 10_000
+    assert track["task"] == "track" and track["paths_done"] >= 1 and track["tracking_rms_m_median"] is not None
+    assert track["estop_to_rest_s"] is not None and track["estop_to_rest_s"] < 0.3 and track["resumed_after_reset"]
+    assert track["max_limit_overshoot_rad"] < 0.05
+    assert 0.0 <= track["intervention_rate"] <= 1.0
+    assert "path 0:" in out and "path 0 done: RMS" in out
+    assert proc.process.returncode == (0 if summary["passed"] and track["passed"] else 1)

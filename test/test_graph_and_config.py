@@ -24,6 +24,23 @@ def test_embedded_plan_runs_without_ros_install():
     assert str(config_path("robot.yaml")) in cmd and str(config_path("arm_sim.yaml")) in cmd
 
 
+def test_the_task_picks_the_target_node_and_the_policys_task():
+    """reach: goal_sequencer; track: path_sequencer; the policy gets the task, composed or not."""
+    for task, target, absent in (("reach", "goal_sequencer", "path_sequencer"),
+                                 ("track", "path_sequencer", "goal_sequencer")):
+        by_name = {s.name: s for s in graph.plan("mujoco", task=task)}
+        assert target in by_name and absent not in by_name
+        assert by_name["policy"].parameters["task"] == task
+        cmd = command_for(by_name[target], python="python")
+        assert cmd[:3] == ["python", "-m", f"robot_wm.nodes.{target}"]
+        assert (REPO / "scripts" / target).stat().st_mode & 0o111
+        composed = {s.name: s for s in graph.plan("mujoco", task=task, composed=True)}
+        assert f"policy:task:={task}" in command_for(composed["control_stack"], python="python")
+    assert "path_sequencer" not in {s.name for s in graph.plan("mujoco", task="track", stack=False)}
+    with pytest.raises(graph.GraphError, match="task 'push'"):
+        graph.plan("mujoco", task="push")
+
+
 @pytest.mark.parametrize("hardware", ["mock", "topic_based", "acme_driver/AcmeSystem"])
 def test_ros2_control_plan(hardware):
     specs = graph.plan(hardware, hardware_params="ip=127.0.0.1")
@@ -85,7 +102,7 @@ def test_launch_file_builds_its_nodes_from_the_graph_plan():
     assert "graph.plan" in calls and "rosenv.loopback_env" in calls
     args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
-    assert args == {"hardware", "hardware_params", "profile", "composed", "enable"}
+    assert args == {"hardware", "hardware_params", "profile", "composed", "enable", "task"}
 
 
 def test_controllers_yaml_matches_the_description():

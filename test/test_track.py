@@ -11,7 +11,7 @@ import pytest
 from robot_wm import description
 from robot_wm.contracts import JOINT_NAMES
 from robot_wm.core.tasks import TASK_NAMES, get_task
-from robot_wm.core.track import TrackConfigError, TrackScore, TrackSpec, load_track
+from robot_wm.core.track import ReferenceWindow, TrackConfigError, TrackScore, TrackSpec, load_track
 from robot_wm.learning.stack_eval import evaluate_stack
 
 from conftest import PYTHON
@@ -79,6 +79,28 @@ def test_the_baseline_tracks_on_nominal_and_the_arms_dynamics_cost_accuracy(spec
     assert n["success_rate"] >= 5 / 6 and n["tracking_rms_m_median"] < 0.003, n
     assert w["tracking_rms_m_median"] > 2 * n["tracking_rms_m_median"], (n, w)
     assert n["violations"] == 0 and w["violations"] == 0
+
+
+def test_a_reference_window_gives_the_preview_for_the_receivers_own_time(spec):
+    """A window sampled at the control period from t0, read 7 ms later, gives the path at
+    t0 + 7 ms + offsets (to interpolation accuracy), and knows when it no longer covers them."""
+    paths = spec.sample_paths(np.random.default_rng(3), 4)
+    for i in range(len(paths)):
+        t0 = 2.3
+        window = ReferenceWindow(100.0, spec.control_dt_s, paths.position(i, t0 + np.arange(51) * spec.control_dt_s))
+        now = 100.007
+        got = window.preview(now, spec.preview_s).reshape(-1, 3)
+        want = paths.position(i, t0 + 0.007 + np.asarray(spec.preview_s))
+        assert np.max(np.linalg.norm(got - want, axis=1)) < 2e-4  # linear between 10 ms samples
+        assert window.covers(now, spec.preview_s)
+        assert not window.covers(100.0 + 0.5 - 0.2 + 0.01, spec.preview_s)  # the preview runs off its end
+        assert not window.covers(99.99, spec.preview_s)  # from the future
+    with pytest.raises(ValueError, match="non-finite"):
+        ReferenceWindow(0.0, 0.01, [[0, 0, 0], [np.nan, 0, 0]])
+    with pytest.raises(ValueError, match="shape"):
+        ReferenceWindow(0.0, 0.01, [[0, 0, 0]])
+    with pytest.raises(ValueError, match="step"):
+        ReferenceWindow(0.0, 0.0, [[0, 0, 0], [0, 0, 0]])
 
 
 def test_every_task_has_the_same_interface():
@@ -172,3 +194,35 @@ def test_report_sim2real_writes_the_table_json_and_png(tmp_path):
     bad = subprocess.run([PYTHON, "-m", "robot_wm.cli", "report", "sim2real", "--task", "track", "--sim-only",
                           str(tmp_path / "nothing"), "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "policy.onnx not found" in bad.stderr
+
+
+def test_a_malformed_reference_message_is_refused_with_the_reason():
+    """The policy node's reading of /robot_wm/reference: NaN, too few points, several transforms
+    or uneven times are refused (InputError naming the fault); a good message round-trips."""
+    from builtin_interfaces.msg import Duration
+    from geometry_msgs.msg import Transform
+    from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
+
+    from robot_wm.nodes.conversions import InputError
+    from robot_wm.nodes.path_sequencer import reference_window
+
+    def message(points, times_ns, transforms=1):
+        msg = MultiDOFJointTrajectory()
+        msg.header.stamp.sec, msg.header.stamp.nanosec = 100, 0
+        for p, ns in zip(points, times_ns):
+            tf = Transform()
+            tf.translation.x, tf.translation.y, tf.translation.z = (float(v) for v in p)
+            msg.points.append(MultiDOFJointTrajectoryPoint(
+                transforms=[tf] * transforms, time_from_start=Duration(sec=ns // 10**9, nanosec=ns % 10**9)))
+        return msg
+
+    pts = [[-0.4, 0.0, 0.3 + 0.001 * k] for k in range(30)]
+    ok = reference_window(message(pts, [k * 10_000_000 for k in range(30)]))
+    assert ok.start_s == pytest.approx(100.0) and ok.step_s == pytest.approx(0.01)
+    assert ok.preview(100.015, (0.0, 0.1)).tolist() == pytest.approx([-0.4, 0.0, 0.3015, -0.4, 0.0, 0.3115])
+    for msg, match in ((message(pts[:1], [0]), "at least 2"),
+                       (message([[np.nan, 0, 0]] + pts[1:], [k * 10_000_000 for k in range(30)]), "non-finite"),
+                       (message(pts, [k * 10_000_000 for k in range(30)], transforms=2), "transforms"),
+                       (message(pts, [k * k * 1_000_000 for k in range(30)]), "equally spaced")):
+        with pytest.raises(InputError, match=match):
+            reference_window(msg)

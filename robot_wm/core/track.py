@@ -210,6 +210,48 @@ def track_obs(q_rad, qdot_radps, tool_m, preview_m) -> np.ndarray:
                            np.asarray(preview_m, float)])
 
 
+class ReferenceWindow:
+    """A window of the reference path sampled at equal steps from a start time, as it travels
+    between processes (``trajectory_msgs/MultiDOFJointTrajectory``: header stamp = ``start_s``,
+    point k at ``start_s + k * step_s``). The receiver reads the preview for *its* current time,
+    so a message that took a period to arrive costs no tracking accuracy.
+
+    Args:
+        start_s: time of the first sample (s, the publisher's clock; ROS time in the nodes).
+        step_s: spacing of the samples (s, > 0).
+        points_m: (K, 3) reference positions, K >= 2.
+    Raises:
+        ValueError: a malformed window (non-finite numbers, fewer than 2 points, step <= 0).
+    """
+
+    def __init__(self, start_s: float, step_s: float, points_m) -> None:
+        pts = np.asarray(points_m, dtype=float)
+        if pts.ndim != 2 or pts.shape[1] != 3 or pts.shape[0] < 2:
+            raise ValueError(f"reference window: expected (K >= 2, 3) points, got shape {pts.shape}")
+        if not (math.isfinite(start_s) and math.isfinite(step_s) and step_s > 0):
+            raise ValueError(f"reference window: start {start_s!r} s, step {step_s!r} s: expected finite, step > 0")
+        if not np.all(np.isfinite(pts)):
+            raise ValueError("reference window: non-finite reference position(s)")
+        self.start_s, self.step_s, self.points_m = float(start_s), float(step_s), pts
+
+    @property
+    def end_s(self) -> float:
+        """Time of the last sample."""
+        return self.start_s + self.step_s * (len(self.points_m) - 1)
+
+    def covers(self, now_s: float, offsets_s) -> bool:
+        """True when ``now + every offset`` lies inside the window (no extrapolation needed)."""
+        last = now_s + float(np.max(offsets_s))
+        return self.start_s - 1e-9 <= now_s and last <= self.end_s + 1e-9
+
+    def preview(self, now_s: float, offsets_s) -> np.ndarray:
+        """The reference at ``now + offsets`` (linear between samples, held at the ends), flattened
+        3 per offset: the observation's preview block."""
+        t = (now_s + np.asarray(offsets_s, dtype=float) - self.start_s) / self.step_s
+        grid = np.arange(len(self.points_m), dtype=float)
+        return np.stack([np.interp(t, grid, self.points_m[:, k]) for k in range(3)], axis=-1).reshape(-1)
+
+
 class TrackScore:
     """Tracking errors of one episode: RMS and max of |true tool - reference| after the lead-in."""
 

@@ -1,10 +1,14 @@
-"""policy: the learned reaching policy (ONNX) as a lifecycle node.
+"""policy: the learned policy (ONNX) of a task as a lifecycle node.
 
-configure loads and validates the model (sidecar, hash, joint order); activate starts the
-control timer. Each period it reads the latest /joint_states and goal, runs the policy and
-publishes the nominal joint velocity command on /robot_wm/action_nominal. It never talks to the
-hardware: the safety filter is the only publisher of hardware commands. With a stale joint
-state or no goal it publishes nothing, and the filter's staleness check stops the arm.
+``task`` (read-only) picks the task: ``reach`` (the goal on /robot_wm/goal, from goal_sequencer)
+or ``track`` (the reference path window on /robot_wm/reference, from path_sequencer; the preview
+is read for this node's current time, see ``robot_wm.core.track.ReferenceWindow``). configure
+loads and validates the model (sidecar, hash, joint order, and that it is a policy of this task);
+activate starts the control timer. Each period it reads the latest /joint_states and target,
+runs the policy and publishes the nominal joint velocity command on /robot_wm/action_nominal. It
+never talks to the hardware: the safety filter is the only publisher of hardware commands. With
+a stale joint state, no goal, or a reference window that does not cover the preview it
+publishes nothing, and the filter's staleness check stops the arm.
 """
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ from geometry_msgs.msg import PointStamped
 from rclpy.context import Context
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import MultiDOFJointTrajectory
 
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, vector
 from robot_wm.nodes.params import declare
-from robot_wm.nodes.runner import main_for
+from robot_wm.nodes.runner import NodeConfigError, main_for
 
 
 class PolicyNode(ControlNode):
@@ -25,14 +30,27 @@ class PolicyNode(ControlNode):
 
     def __init__(self, context: Context | None = None, node_name: str = "policy") -> None:
         super().__init__(node_name, context=context)
-        self.model_path = declare(self, "model_path", "", "policy .onnx (empty: models/policy.onnx of the package)", read_only=True)
+        self.task_name = declare(self, "task", "reach", "task of the policy: reach (goal) or track (reference path)",
+                                 read_only=True)
+        self.model_path = declare(self, "model_path", "", "policy .onnx (empty: the package's models/policy.onnx for "
+                                  "reach, models/track/policy.onnx for track)", read_only=True)
+        self.reference_topic = declare(self, "reference_topic", "/robot_wm/reference",
+                                       "trajectory_msgs/MultiDOFJointTrajectory reference window (track)",
+                                       read_only=True)
         self.goal_topic = declare(self, "goal_topic", "/robot_wm/goal", "geometry_msgs/PointStamped goal (m, base frame)", read_only=True)
         self.action_topic = declare(self, "action_topic", "/robot_wm/action_nominal", "Float64MultiArray nominal command (rad/s)", read_only=True)
         self.runner = None
         self.kin = None
         self._pub = None
+        self.task = None
         self._goal: np.ndarray | None = None
-        self.create_subscription(PointStamped, self.goal_topic, self._on_goal, 10)
+        self._reference = None  # ReferenceWindow
+        if self.task_name not in ("reach", "track"):
+            raise NodeConfigError(f"{node_name}: parameter task={self.task_name!r}: expected 'reach' or 'track'")
+        if self.task_name == "reach":
+            self.create_subscription(PointStamped, self.goal_topic, self._on_goal, 10)
+        else:
+            self.create_subscription(MultiDOFJointTrajectory, self.reference_topic, self._on_reference, 10)
 
     # ---- lifecycle
     def on_configure(self, state: State) -> TransitionCallbackReturn:
@@ -40,7 +58,7 @@ class PolicyNode(ControlNode):
         from robot_wm.core.kinematics import Kinematics
         from robot_wm.core.onnx_model import ModelError
         from robot_wm.core.policy_runner import PolicyRunner
-        from robot_wm.core.task import load_task
+        from robot_wm.core.tasks import get_task
         from robot_wm.paths import data_path
 
         try:
@@ -48,15 +66,16 @@ class PolicyNode(ControlNode):
             names = description.joint_limits(urdf).names
             if self.joint_names == [""]:
                 self.joint_names = list(names)
-            task = load_task()
-            path = self.model_path or str(data_path("models", "policy.onnx", must_exist=False))
-            self.runner = PolicyRunner(path, self.joint_names, task.control_dt_s)
+            self.task = get_task(self.task_name)
+            default = ("models", "policy.onnx") if self.task_name == "reach" else ("models", "track", "policy.onnx")
+            path = self.model_path or str(data_path(*default, must_exist=False))
+            self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
             self.kin = Kinematics(urdf, self.joint_names)
         except (ModelError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
         self._pub = self.create_lifecycle_publisher(Float64MultiArray, self.action_topic, 10)
-        self.get_logger().info(f"policy {self.runner.version} loaded from {path}")
+        self.get_logger().info(f"{self.task_name} policy {self.runner.version} loaded from {path}")
         return TransitionCallbackReturn.SUCCESS
 
     def on_cleanup(self, state: State) -> TransitionCallbackReturn:
@@ -73,20 +92,52 @@ class PolicyNode(ControlNode):
         except InputError as exc:
             self.get_logger().error(f"ignoring goal: {exc}", throttle_duration_sec=1.0)
 
-    # ---- control
-    def control_step(self) -> None:
-        """Run the policy on the latest joint state and goal; publish the nominal command."""
-        from robot_wm.core.policy_runner import PolicyOutputError, make_obs
+    def _on_reference(self, msg: MultiDOFJointTrajectory) -> None:
+        from robot_wm.nodes.path_sequencer import reference_window
 
-        if self._goal is None or self.runner is None:
+        try:
+            self._reference = reference_window(msg)
+        except InputError as exc:
+            self._reference = None  # a bad window is no window: the policy stops commanding
+            self.get_logger().error(f"ignoring reference: {exc}", throttle_duration_sec=1.0)
+
+    # ---- control
+    def _observation(self, q: np.ndarray, qdot: np.ndarray) -> np.ndarray | None:
+        """The task's observation, or None (and a warning) without a usable target."""
+        from robot_wm.core.policy_runner import make_obs
+        from robot_wm.core.track import track_obs
+
+        tool = self.kin.tool_position_m(q)
+        if self.task_name == "reach":
+            return None if self._goal is None else make_obs(q, qdot, tool, self._goal)
+        if self._reference is None:
+            return None
+        now_s = self.get_clock().now().nanoseconds * 1e-9
+        offsets = self.task.spec.preview_s
+        if not self._reference.covers(now_s, offsets):
+            self.get_logger().warning(
+                f"reference window [{self._reference.start_s:.3f}, {self._reference.end_s:.3f}] s does not cover "
+                f"now {now_s:.3f} s + preview {max(offsets):g} s (stale or late reference): not commanding",
+                throttle_duration_sec=1.0)
+            return None
+        return track_obs(q, qdot, tool, self._reference.preview(now_s, offsets))
+
+    def control_step(self) -> None:
+        """Run the policy on the latest joint state and goal or reference; publish the nominal command."""
+        from robot_wm.core.policy_runner import PolicyOutputError
+
+        if self.runner is None:
             return
         state = self.fresh_state()
         if state is None:
             self.get_logger().warning("no fresh joint state: not commanding", throttle_duration_sec=1.0)
             return
         q, qdot = state
+        obs = self._observation(q, qdot)
+        if obs is None:
+            return
         try:
-            action = self.runner.act(make_obs(q, qdot, self.kin.tool_position_m(q), self._goal))
+            action = self.runner.act(obs)
         except (PolicyOutputError, ValueError) as exc:
             self.get_logger().error(f"policy failed, not commanding: {exc}", throttle_duration_sec=1.0)
             return
