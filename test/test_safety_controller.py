@@ -381,6 +381,23 @@ def test_the_tare_is_taken_at_rest_out_of_contact_and_refused_in_contact(kin, li
     assert rig.ctrl.tare.tares_taken == taken  # never while moving under the policy
 
 
+def test_the_tare_is_taken_on_a_resting_arm_with_noisy_velocity_and_never_on_a_creeping_one(kin, limits):
+    """A resting arm whose encoders report 0.01 rad/s of velocity noise per sample (the worn_heavy
+    profile) is at rest: the tare is taken and the enable accepted. Judged per sample, 0.75**30 of
+    the windows would qualify and the stack never came up. An arm creeping at 0.03 rad/s under the
+    same noise is not at rest: no tare."""
+    rng = np.random.default_rng(0)
+    rot = kin.frame_pose(HOME, FT).rotation
+    for creep, expect in ((0.0, True), (0.03, False)):
+        rig = _at_rest_with_sensor(kin, limits)
+        rig.wrench = rot.T @ np.array([0.0, 0.0, -0.8 * GRAVITY_MPS2])
+        for _ in range(100):
+            rig.qd = np.array([creep, 0, 0, 0, 0, 0]) + rng.normal(0.0, 0.01, 6)
+            rig.step()
+        assert rig.ctrl.tare.ready is expect, (creep, rig.ctrl.last_output.reason)
+        assert rig.ctrl.reset()[0] is expect
+
+
 def test_the_tare_keeps_bias_in_the_sensor_frame_and_weight_in_the_base_frame(kin):
     """Item 4e: tared at one pose, the contact force at a very different wrist orientation is the
     true contact force, to within the part of the bias that lay along gravity at the tare pose."""

@@ -198,7 +198,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"episodes (default {DEFAULT_EPISODES})")
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="episode seed (default 0)")
     parser.add_argument("--policy", default=None,
-                        help="policy ONNX file with its .json sidecar (default models/policy.onnx)")
+                        help="policy ONNX file with its .json sidecar (default: the model set's policy.onnx)")
     parser.add_argument("--task", default="reach", choices=("reach", "track"),
                         help="the task: reach (goals) or track (paths); default reach")
     parser.add_argument("--task-file", default=None, help="reach task YAML (default config/task.yaml)")
@@ -209,7 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="close the loop through the whole stack: policy -> safety filter (SafetyController with "
                              "the world model, F/T, latches) -> arm; adds intervention_rate and violations")
     parser.add_argument("--models", default=None,
-                        help="a model set's directory (policy.onnx, world_model.onnx + sidecars); default models/")
+                        help="a model set's directory (policy.onnx, world_model.onnx + sidecars); default models/ (reach), models/track/ (track)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
@@ -255,15 +255,14 @@ def run(args: argparse.Namespace) -> int:
     models_dir = Path(args.models) if args.models else None
     if models_dir is not None and not models_dir.is_dir():
         return fail(f"--models {models_dir}: not a directory")
+    if models_dir is None and args.task == "track":
+        models_dir = Path(data_path("models", "track", must_exist=False))  # the shipped track set
     if not args.no_policy:
-        if args.task == "track" and not args.policy and models_dir is None:
-            return fail("no policy for the track task is shipped yet: give --policy FILE or --models DIR, or evaluate "
-                        "the scripted baseline alone with --no-policy")
         path = (Path(args.policy) if args.policy else models_dir / "policy.onnx" if models_dir is not None
                 else data_path("models", "policy.onnx", must_exist=False))
         try:
             names = description.joint_limits(description.expand()).names
-            policies["policy"] = PolicyRunner(path, names, task.control_dt_s, task.action_limit_radps)
+            policies["policy"] = PolicyRunner(path, names, task.control_dt_s, task.action_limit_radps, task=args.task)
         except (ModelError, ValueError) as exc:
             hint = "" if args.policy else " (train one first, or run the baseline only with --no-policy)"
             return fail(f"cannot use policy {path}: {exc}{hint}")

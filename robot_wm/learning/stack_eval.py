@@ -139,6 +139,10 @@ class Stack:
     config: object
 
 
+#: How long the start-up may wait for the arm to come to rest under its zero command before the
+#: F/T tare (s); the episode's clock starts after the enable, so this is not scored.
+START_SETTLE_S = 2.0
+
 def build_stack(control_dt_s: float, models_dir: Path | None = None) -> Stack:
     """The safety filter as the node configures it on the embedded arm, and the world model file."""
     from robot_wm import description
@@ -278,7 +282,8 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         return res
 
     if ctrl is not None:  # start-up: latched, at rest, the F/T tare; then the operator's enable (not scored)
-        for _ in range(int(round(cfg.tare_window_s / dt)) + 5):
+        # a heavy, laggy arm settles for a while under its zero command before the tare can be taken
+        for _ in range(int(round((cfg.tare_window_s + START_SETTLE_S) / dt)) + 5):
             period(sim.joint_state(), np.zeros(n_j), t)
             if ctrl.reset()[0]:
                 if trace is not None:

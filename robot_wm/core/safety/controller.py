@@ -60,7 +60,12 @@ from robot_wm.core.safety.validate import Problem, as_scalar, as_vector, check_m
 from robot_wm.core.safety.wrench import ForceTare
 
 
+#: Time constant (s) of the low-pass on the measured velocity that judges standstill (tare, STOPPED).
+STANDSTILL_TAU_S = 0.05
+
+
 # ---------------------------------------------------------------------------- inputs
+
 class WorldModel(Protocol):
     """What the controller needs of a world model (``WorldModelRunner``)."""
 
@@ -90,7 +95,9 @@ class ControllerConfig:
         tare_max_bias_n, tare_max_payload_kg: plausibility bounds of a first tare (out of contact).
         tare_tolerance_n: a later tare is refused when the reading at rest differs from the current
             tare's by more than this (a contact, or a payload change: ``request_tare`` re-tares).
-        standstill_radps: the arm is at rest when every measured |qdot| is below this.
+        standstill_radps: the arm is at rest when every |qdot| is below this, on the measured
+            velocity low-passed over ``STANDSTILL_TAU_S`` (sensor noise of 0.01 rad/s per sample
+            would otherwise keep a resting arm "moving" and refuse every tare).
         slack_tolerance: per soft family (tool_speed_mps, workspace_m, contact_force_mps), the
             slack beyond which a soft constraint counts as not kept.
         slack_time_s: a soft constraint not kept for longer than this is a latched FAULT.
@@ -188,6 +195,7 @@ class SafetyController:
         self.tare = ForceTare(max(1, round(config.tare_window_s / config.dt_s)), config.tare_max_bias_n,
                               config.tare_max_payload_kg, change_tolerance_n=config.tare_tolerance_n)
         self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
+        self.qdot_smoothed: np.ndarray | None = None  # measured velocity low-passed for the standstill check
         self.last_output: ControllerOutput | None = None
         self._last_step_s: float | None = None
         self._slack_periods = 0
@@ -415,6 +423,7 @@ class SafetyController:
             q, qd, problem = check_joint(joint, n)
             if problem is None:
                 stamped("joint state", joint.stamp_s)
+                self._smooth(qd)
             else:
                 problems.append(problem)
         u_nom = None
@@ -537,7 +546,7 @@ class SafetyController:
         age = (now - float(wrench.stamp_s)) / cfg.dt_s
         rot = self.kinematics.frame_pose(q, cfg.ft_frame).rotation
         at_rest = (age <= self.limits.stale_limit_periods and self.supervisor.latched
-                   and not np.any(self.last_command) and bool(np.all(np.abs(qd) < cfg.standstill_radps)))
+                   and not np.any(self.last_command) and self._resting(qd))
         self.tare.observe(force_s, rot, at_rest)
         if not self.tare.ready:
             why = self.tare.last_refusal or f"the arm must rest {cfg.tare_window_s:g} s out of contact while latched"
@@ -545,8 +554,23 @@ class SafetyController:
             return None
         return self.tare.tare.contact_force_base(force_s, rot)
 
+    def _smooth(self, qd: np.ndarray) -> None:
+        """Low-pass the measured velocity (first order, STANDSTILL_TAU_S) for the standstill check."""
+        if self.qdot_smoothed is None:
+            self.qdot_smoothed = np.array(qd, dtype=float)
+            return
+        alpha = self.config.dt_s / (STANDSTILL_TAU_S + self.config.dt_s)
+        self.qdot_smoothed += alpha * (qd - self.qdot_smoothed)
+
+    def _resting(self, qd) -> bool:
+        """The arm is still: every joint's low-passed velocity below standstill_radps (and this
+        period's sample below 5x that: one real jolt is never "rest")."""
+        tol = self.config.standstill_radps
+        return (qd is not None and self.qdot_smoothed is not None and bool(np.all(np.abs(self.qdot_smoothed) < tol))
+                and bool(np.all(np.abs(qd) < 5.0 * tol)))
+
     def _at_standstill(self, u: np.ndarray, qd) -> bool:
-        return (not np.any(u)) and qd is not None and bool(np.all(np.abs(qd) < self.config.standstill_radps))
+        return (not np.any(u)) and self._resting(qd)
 
     def _latched_output(self, elapsed, qd, u_nom, extra) -> ControllerOutput:
         sup = self.supervisor
