@@ -9,6 +9,11 @@ header stamp = time of the first point; points every ``track.control_dt_s``, eac
 ``time_from_start``), so a receiver reads the reference for its own current time
 (``robot_wm.core.track.ReferenceWindow``).
 
+While the safety filter is not running (``wait_for_filter``: its /robot_wm/safety_status is not
+OK or FILTERING: start latch, e-stop, fault, stop) the reference holds the current path's start
+point and the path's clock stays at zero: a path starts, or starts over, only on an arm that can
+follow it (and after a reset the arm is not asked to catch up a reference that ran on).
+
 It also scores each path as the task does, on the MEASURED tool position (FK of /joint_states,
 judged at each message's header stamp): RMS and maximum error after the lead-in, and success by
 the task's thresholds. One line per path on ~/events and in the log.
@@ -52,6 +57,9 @@ class PathSequencer(Node):
                                 "length of each published reference window (s); must outlast the preview "
                                 "plus a few publish periods", range_=(0.05, 10.0))
         self.frame = declare(self, "base_frame", "base_link", "frame of the reference")
+        self.wait_for_filter = declare(self, "wait_for_filter", True,
+                                       "hold the path at its start while the safety filter is not OK/FILTERING",
+                                       read_only=True)
         try:
             self.spec = load_track()
         except (TrackConfigError, OSError) as exc:
@@ -71,10 +79,16 @@ class PathSequencer(Node):
         self.succeeded = 0
         self.failed = 0
         self.results: list[dict] = []
+        self.filter_running = not self.wait_for_filter
+        self.filter_state = "unknown (no /robot_wm/safety_status yet)"
         self._pub = self.create_publisher(MultiDOFJointTrajectory, REFERENCE_TOPIC, 10)
         self._event_pub = self.create_publisher(String, "~/events", 10)
         self.create_subscription(JointState, "/joint_states", self._on_state,
                                  QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        if self.wait_for_filter:
+            from robot_wm.msg import SafetyStatus
+
+            self.create_subscription(SafetyStatus, "/robot_wm/safety_status", self._on_status, 10)
         self._next_path(self._now_s())
         self.create_timer(1.0 / rate_hz, self._publish)
 
@@ -107,6 +121,16 @@ class PathSequencer(Node):
                     f"({'success' if ok else 'FAILED'}; measured tool)")
         self._next_path(now_s)
 
+    def _on_status(self, msg) -> None:
+        running = msg.state_text in ("OK", "FILTERING")
+        if running != self.filter_running:
+            t_s = self._now_s() - self.path_start_s
+            if not running and t_s > 0.5:
+                self._event(f"path {self.index} held at its start: safety filter {msg.state_text}")
+            elif running:
+                self._event(f"path {self.index} (re)starts: safety filter {msg.state_text}")
+        self.filter_running, self.filter_state = running, msg.state_text
+
     def _on_state(self, msg: JointState) -> None:
         try:
             q, _ = joint_state_arrays(msg, self.joint_names)
@@ -117,7 +141,12 @@ class PathSequencer(Node):
             self.score.update(t_s, self.kin.tool_position_m(q), self.paths.position(0, t_s))
 
     def _publish(self) -> None:
+        from robot_wm.core.track import TrackScore
+
         now_s = self._now_s()
+        if not self.filter_running:  # hold the start point; the path's clock and score start over
+            self.path_start_s = now_s
+            self.score = TrackScore(self.spec)
         if now_s - self.path_start_s >= self.spec.episode_s:
             self._finish_path(now_s)
         dt = self.spec.control_dt_s

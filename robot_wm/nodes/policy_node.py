@@ -34,6 +34,10 @@ class PolicyNode(ControlNode):
                                  read_only=True)
         self.model_path = declare(self, "model_path", "", "policy .onnx (empty: the package's models/policy.onnx for "
                                   "reach, models/track/policy.onnx for track)", read_only=True)
+        self.scripted = declare(self, "scripted", False,
+                                "run the task's scripted baseline (DLS reacher / tracker) in the policy's slot "
+                                "instead of a learned model: commissioning, or a task without a learned policy "
+                                "that beats it", read_only=True)
         self.reference_topic = declare(self, "reference_topic", "/robot_wm/reference",
                                        "trajectory_msgs/MultiDOFJointTrajectory reference window (track)",
                                        read_only=True)
@@ -67,15 +71,24 @@ class PolicyNode(ControlNode):
             if self.joint_names == [""]:
                 self.joint_names = list(names)
             self.task = get_task(self.task_name)
-            default = ("models", "policy.onnx") if self.task_name == "reach" else ("models", "track", "policy.onnx")
-            path = self.model_path or str(data_path(*default, must_exist=False))
-            self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
+            if self.scripted:
+                if self.model_path:
+                    raise ValueError(f"parameters scripted=true and model_path={self.model_path!r}: give one of them")
+                self.runner, path = self.task.baseline(), "the task's definition (scripted)"
+            else:
+                default = ("models", "policy.onnx") if self.task_name == "reach" else ("models", "track", "policy.onnx")
+                path = self.model_path or str(data_path(*default, must_exist=False))
+                self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
             self.kin = Kinematics(urdf, self.joint_names)
         except (ModelError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
         self._pub = self.create_lifecycle_publisher(Float64MultiArray, self.action_topic, 10)
-        self.get_logger().info(f"{self.task_name} policy {self.runner.version} loaded from {path}")
+        version = getattr(self.runner, "version", None) or getattr(self.runner, "name", "scripted")
+        if self.scripted:
+            self.get_logger().warning(f"{self.task_name}: running the SCRIPTED baseline ({version}), not a learned policy")
+        else:
+            self.get_logger().info(f"{self.task_name} policy {version} loaded from {path}")
         return TransitionCallbackReturn.SUCCESS
 
     def on_cleanup(self, state: State) -> TransitionCallbackReturn:
