@@ -52,7 +52,7 @@ class TrackSpec:
     feedback_gain_per_s: float = 5.0  # the scripted baseline's correction gain
     success_rms_m: float = 0.005
     success_max_m: float = 0.015
-    error_cost: float = 1.0  # reward: -error_cost * |tool - reference| (m) ...
+    error_cost: float = 10.0  # reward: -error_cost * |tool - reference| (m) ...
     action_cost: float = 0.002  # ... - action_cost * |a|^2 ((rad/s)^2)
 
     def __post_init__(self) -> None:
