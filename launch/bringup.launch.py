@@ -40,7 +40,8 @@ def _nodes(context):
     enable = LaunchConfiguration("enable").perform(context).lower() in ("true", "1", "yes")
     task = LaunchConfiguration("task").perform(context)
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
-    overrides = {"profile": profile} if hardware == graph.EMBEDDED else None
+    overrides = {"profile": profile} if hardware == graph.EMBEDDED else {}
+    overrides.update(graph.policy_overrides(task, "bringup"))
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
                            enable=enable, task=task):
         params = [str(p) for p in spec.param_files]

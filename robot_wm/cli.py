@@ -56,8 +56,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
               f"  ros2 launch robot_wm bringup.launch.py hardware:={args.hardware}\n"
               f"without a ROS install, use the embedded arm: robot-wm up --hardware {EMBEDDED}", file=sys.stderr)
         return 2
-    specs = plan(args.hardware, overrides={"profile": args.profile}, composed=args.composed, enable=args.enable,
-                 task=args.task)
+    from robot_wm.graph import policy_overrides
+
+    specs = plan(args.hardware, overrides={"profile": args.profile, **policy_overrides(args.task, "up")},
+                 composed=args.composed, enable=args.enable, task=args.task)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_wm.graph import plan
+from robot_wm.graph import plan, policy_overrides
 from robot_wm.rosenv import loopback_env
 from robot_wm.process_group import ProcessGroup
 
@@ -175,13 +175,6 @@ def run_demos(task: str = "both", profile: str = "nominal", duration_s: float | 
 DEFAULT_DURATION_S = {"reach": 60.0, "track": 45.0}
 
 
-def shipped_policy(task: str) -> bool:
-    """True when the package ships a learned policy for ``task`` (models/ or models/track/)."""
-    from robot_wm.paths import data_path
-
-    parts = ("models", "policy.onnx") if task == "reach" else ("models", "track", "policy.onnx")
-    return Path(data_path(*parts, must_exist=False)).is_file()
-
 
 def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path | None = Path("out/demo"),
              composed: bool = False, live: bool | None = None, task: str = "reach") -> int:
@@ -214,11 +207,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
     print(f"robot_wm demo ({task}): the whole stack on the embedded MuJoCo arm (profile {profile}"
           f"{', composed' if composed else ''}) for {duration_s:.0f} s: {targets}, a push at {t_push:.0f} s, "
           f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
-    overrides: dict = {"profile": profile}
-    if task == "track" and not shipped_policy("track"):
-        overrides["scripted"] = True  # the policy node runs the task's scripted tracker
-        print("demo (track): no learned tracking policy is shipped (models/track/policy.onnx); the policy node runs "
-              "the task's scripted DLS tracker through the same stack")
+    overrides: dict = {"profile": profile, **policy_overrides(task, "demo")}
     group = ProcessGroup(plan("mujoco", overrides=overrides, composed=composed, task=task), env)
     context = Context()
     rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)

@@ -92,6 +92,24 @@ def _compose(specs: list[ProcessSpec], entry: Any) -> list[ProcessSpec]:
     return rest[:first] + [merged] + rest[first:]
 
 
+def shipped_policy(task: str) -> bool:
+    """True when the package ships a learned policy for ``task`` (models/ or models/track/)."""
+    from robot_wm.paths import data_path
+
+    parts = ("models", "policy.onnx") if task == "reach" else ("models", "track", "policy.onnx")
+    return Path(data_path(*parts, must_exist=False)).is_file()
+
+
+def policy_overrides(task: str, who: str = "robot_wm") -> dict[str, Any]:
+    """Parameters for a task without a shipped learned policy: the policy node runs the task's
+    scripted baseline (``scripted: true``), said once on stdout. Empty when one is shipped."""
+    if shipped_policy(task):
+        return {}
+    print(f"{who} ({task}): no learned {task} policy is shipped; the policy node runs the task's scripted "
+          "baseline through the same stack (scripted: true)", flush=True)
+    return {"scripted": True}
+
+
 def load_graph(path: Path | None = None) -> dict[str, Any]:
     """Read and validate config/graph.yaml (or ``path``)."""
     path = path or config_path("graph.yaml")

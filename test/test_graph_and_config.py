@@ -173,3 +173,14 @@ def test_the_safety_filter_enables_itself_only_on_the_embedded_arm_and_stops_wit
     with_monitor = tmp_path / "graph.yaml"
     with_monitor.write_text(yaml.safe_dump(graph_yaml))
     assert filt(graph.plan("mujoco", graph_path=with_monitor)).parameters["default_trust_level"] == 3  # STOP
+
+
+def test_a_task_without_a_shipped_policy_runs_the_scripted_baseline(capsys):
+    """No models/track/policy.onnx ships: up, the launch file and the demo give the policy node
+    scripted=true (and say so); reach has its learned policy and gets nothing."""
+    assert graph.shipped_policy("reach") and graph.policy_overrides("reach") == {}
+    assert not graph.shipped_policy("track")
+    assert graph.policy_overrides("track", "up") == {"scripted": True}
+    assert "no learned track policy is shipped" in capsys.readouterr().out
+    by_name = {s.name: s for s in graph.plan("mujoco", task="track", overrides=graph.policy_overrides("track"))}
+    assert "policy:scripted:=true" in command_for(by_name["policy"], python="python")
