@@ -5,7 +5,7 @@ Four parts, each printed as a table (``--json`` gives the same numbers as one JS
 1. **Stages, in process** (``robot_wm.core`` objects, no ROS): a closed loop at 100 Hz on a
    kinematic arm (q += u dt) that does exactly what the policy and safety_filter nodes compute
    each period: tool FK (pinocchio) + ``PolicyRunner.act`` (ONNX); ``WorldModelRunner.linearize``
-   (batch 13) + ``predict`` (batch 1), the F/T frame pose, ``SafetySupervisor.step`` (CBF-QP:
+   (batch 13) + ``predict`` (batch 1), the F/T frame pose, ``SafetyController.step`` (CBF-QP:
    kinematics, assembly, OSQP). The nominal command is the policy's, interleaved every 150
    periods with the adversarial segments of bench_safety_filter.py (full speed into the joint
    limits, DLS down into the table / into the keep-out box) so that the QP is active in a fair
