@@ -152,7 +152,8 @@ def bench_training(args: argparse.Namespace) -> None:
     from robot_wm.core.task import load_task
     from robot_wm.learning.config import load_section
     from robot_wm.learning.data import CollectConfig, Dataset, collect, load_randomization
-    from robot_wm.learning.world_model import WorldModelConfig, train_world_model
+    from robot_wm.learning.world_model import WorldModelConfig
+    from robot_wm.learning.world_model_training import train_world_model
     from robot_wm.paths import config_path
 
     if args.data:

@@ -48,7 +48,8 @@ def sample_efficiency(sizes: list[int], episodes: int, iterations: int | None, w
     from robot_wm.learning.pipeline import WorldModelDynamics
     from robot_wm.learning.policy import PolicyConfig, export_policy, train_policy
     from robot_wm.learning.torch_kinematics import TorchToolFK
-    from robot_wm.learning.world_model import WorldModelConfig, train_world_model
+    from robot_wm.learning.world_model import WorldModelConfig
+    from robot_wm.learning.world_model_training import train_world_model
     from robot_wm.paths import config_path
 
     torch.set_num_threads(2)

@@ -18,14 +18,8 @@ from robot_wm.core.task import load_task
 from robot_wm.core.world_model_runner import WorldModelInputError, WorldModelRunner
 from robot_wm.learning.config import ConfigError, load_section
 from robot_wm.learning.data import CollectConfig, collect
-from robot_wm.learning.world_model import (
-    WorldModelConfig,
-    export_world_model,
-    load_checkpoint,
-    make_transitions,
-    save_checkpoint,
-    train_world_model,
-)
+from robot_wm.learning.world_model import WorldModelConfig, export_world_model, load_checkpoint, save_checkpoint
+from robot_wm.learning.world_model_training import make_transitions, train_world_model
 from robot_wm.learning.world_model_eval import ConstantVelocityPredictor, evaluate_world_model
 from robot_wm.paths import config_path
 

@@ -31,7 +31,8 @@ import torch
 
 from robot_wm.learning.data import CollectConfig, Dataset, collect
 from robot_wm.contracts import STATE_LAYOUT
-from robot_wm.learning.world_model import WorldModel, WorldModelConfig, history_windows, train_world_model, load_checkpoint
+from robot_wm.learning.world_model import WorldModel, WorldModelConfig, load_checkpoint
+from robot_wm.learning.world_model_training import history_windows, train_world_model
 
 Q, QD = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]  # blocks of the (q, qdot) vectors
 Z90 = 1.6448536269514722  # two-sided 90 % interval of a standard normal
