@@ -66,7 +66,8 @@ def cmd_train_world_model(args: argparse.Namespace) -> int:
 
     from robot_wm.learning.config import load_section
     from robot_wm.learning.data import Dataset
-    from robot_wm.learning.world_model import WorldModelConfig, save_checkpoint, train_world_model
+    from robot_wm.learning.world_model import WorldModelConfig, save_checkpoint
+    from robot_wm.learning.world_model_training import train_world_model
 
     torch.set_num_threads(args.threads)
     cfg = load_section(_config_path(args), "world_model", WorldModelConfig)
@@ -165,8 +166,20 @@ def load_policy_checkpoint(path: Path):
     if not isinstance(record, dict) or record.get("format") != POLICY_CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a robot_wm policy checkpoint (format {POLICY_CHECKPOINT_FORMAT!r})")
     layout = {k: slice(*v) for k, v in record["obs_layout"].items()} if record.get("obs_layout") else None
+    config = record["config"]
+    prior = None
+    if config.get("prior", "none") == "scripted":  # rebuilt from the description; its buffers are in the state dict
+        from robot_wm import description
+        from robot_wm.core.tasks import get_task
+        from robot_wm.learning.policy import task_layout
+        from robot_wm.learning.scripted_prior import scripted_prior
+        from robot_wm.learning.torch_kinematics import TorchToolFK
+
+        task = get_task(record.get("task", "reach"))
+        urdf = description.expand()
+        prior = scripted_prior(task, layout or task_layout(task.spec), TorchToolFK(urdf, description.joint_limits(urdf).names))
     actor = Actor(ObsNormalizer(np.array(record["obs_mean"]), np.array(record["obs_std"]), layout),
-                  np.array(record["action_limit_radps"]), record["config"]["hidden"])
+                  np.array(record["action_limit_radps"]), config["hidden"], prior, config.get("residual_fraction", 1.0))
     actor.load_state_dict(record["state_dict"])
     return actor.eval(), record
 

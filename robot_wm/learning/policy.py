@@ -14,8 +14,12 @@ Read top to bottom: config, networks, imagination rollout, λ-returns, the train
 * The actor is trained by backpropagating λ-returns through the model (dynamics backprop, as
   DreamerV1 for continuous control) with an entropy bonus; the critic regresses the λ-returns of
   a slowly updated target critic.
-* The exported graph carries observation normalization and action scaling: input ``obs`` in raw
-  units, output ``action_radps`` already within the task's limits.
+* With ``prior: scripted`` the actor is a residual policy: the task's scripted baseline (in torch,
+  ``robot_wm.learning.scripted_prior``) plus a learned correction bounded by ``residual_fraction``
+  of the action limits. Training starts from the baseline's behaviour and learns what it gets
+  wrong on the (imagined) arm; the baseline also keeps the tool under its speed cap.
+* The exported graph carries observation normalization, the prior and action scaling: input
+  ``obs`` in raw units, output ``action_radps`` already within the task's limits.
 """
 from __future__ import annotations
 
@@ -56,6 +60,9 @@ class ImaginationDynamics(Protocol):
         ...
 
 
+PRIORS = ("none", "scripted")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Imagination actor-critic settings (config/training.yaml, section ``policy``)."""
@@ -81,6 +88,10 @@ class PolicyConfig:
     limit_speed_fraction: float = 0.9  # tool speed above this fraction of tool_speed_max_mps costs (m/s)
     limit_margin_rad: float = 0.15  # a joint within this of a soft limit costs (rad)
     limit_accel_fraction: float = 0.8  # a command change above this fraction of a_max * dt costs (rad/s)
+    # "none": the actor outputs the command; "scripted": the task's scripted baseline plus a learned
+    # correction bounded by residual_fraction of the action limits (a residual policy)
+    prior: str = "none"
+    residual_fraction: float = 0.3
 
     def __post_init__(self) -> None:
         for name in ("hidden", "iterations", "batch", "horizon"):
@@ -95,7 +106,9 @@ class PolicyConfig:
         for name in ("entropy_coef", "disagreement_coef", "grad_clip", "limit_cost", "limit_margin_rad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected >= 0")
-        for name in ("limit_speed_fraction", "limit_accel_fraction"):
+        if self.prior not in PRIORS:
+            raise ValueError(f"policy.prior={self.prior!r}: expected one of {list(PRIORS)}")
+        for name in ("limit_speed_fraction", "limit_accel_fraction", "residual_fraction"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected a fraction in (0, 1]")
 
@@ -138,13 +151,34 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
 
 
 class Actor(nn.Module):
-    """Tanh-squashed Gaussian policy over joint velocities; ``forward`` is the deterministic action."""
+    """Tanh-squashed Gaussian policy over joint velocities; ``forward`` is the deterministic action.
 
-    def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int) -> None:
+    With a ``prior`` (a module obs -> command, robot_wm.learning.scripted_prior) the action is
+    ``prior(obs) + tanh(x) * residual_fraction * limit``, scaled as a whole into the limits; the
+    correction starts near zero, so training starts from the scripted baseline.
+    """
+
+    def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int,
+                 prior: nn.Module | None = None, residual_fraction: float = 1.0) -> None:
         super().__init__()
         self.norm = normalizer
         self.net = _mlp(normalizer.features, hidden, 2 * N_JOINTS)  # mean and log-std per joint
+        self.prior = prior
         self.register_buffer("limit", torch.as_tensor(action_limit_radps, dtype=torch.float32))
+        self.register_buffer("scale", self.limit * (residual_fraction if prior is not None else 1.0))
+        if prior is not None:
+            with torch.no_grad():  # a small correction with modest exploration at first
+                last = self.net[-1]
+                last.weight.mul_(0.01)
+                last.bias.zero_()
+                last.bias[N_JOINTS:] = -1.0
+
+    def _action(self, obs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
+        if self.prior is None:
+            return squashed * self.limit
+        action = self.prior(obs) + squashed * self.scale
+        ratio = (action.abs() / self.limit).amax(-1, keepdim=True)
+        return action / torch.clamp(ratio, min=1.0)
 
     def dist(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (mean, std) of the pre-tanh Gaussian."""
@@ -159,12 +193,12 @@ class Actor(nn.Module):
         squashed = torch.tanh(pre)
         # entropy of the Gaussian minus the tanh log-Jacobian (a one-sample estimate)
         entropy = (0.5 * np.log(2 * np.pi * np.e) + torch.log(std) + torch.log(1 - squashed**2 + 1e-6)).sum(-1)
-        return squashed * self.limit, entropy
+        return self._action(obs, squashed), entropy
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """The deployed action: tanh(mean) scaled to the limits (rad/s)."""
         mean, _ = self.dist(obs)
-        return torch.tanh(mean) * self.limit
+        return self._action(obs, torch.tanh(mean))
 
 
 class Critic(nn.Module):
@@ -332,7 +366,14 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     rng = np.random.default_rng(cfg.seed)
     mean, std = obs_normalization(dataset, task)
     layout = task_layout(task)
-    actor = Actor(ObsNormalizer(mean, std, layout), np.asarray(task.action_limit_radps), cfg.hidden)
+    prior = None
+    if cfg.prior == "scripted":
+        from robot_wm.core.tasks import ReachTask, TrackTask
+        from robot_wm.learning.scripted_prior import scripted_prior
+
+        prior = scripted_prior(TrackTask(task) if isinstance(task, TrackSpec) else ReachTask(task), layout, fk)
+    actor = Actor(ObsNormalizer(mean, std, layout), np.asarray(task.action_limit_radps), cfg.hidden, prior,
+                  cfg.residual_fraction)
     critic = Critic(ObsNormalizer(mean, std, layout), cfg.hidden)
     target = copy.deepcopy(critic).requires_grad_(False)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
@@ -447,6 +488,9 @@ def export_policy(actor: Actor, path, *, joint_names, task, dataset_sha256: str,
                           "note": "applied inside the graph; feed raw observations"},
         "metrics": metrics or {},
         "config": asdict(config) if config else {},
+        "prior": ("scripted baseline + learned correction within "
+                  f"{config.residual_fraction:g} x action_limit_radps (inside the graph)"
+                  if config is not None and config.prior == "scripted" else "none"),
     }
     if isinstance(task, TrackSpec):
         extra["preview_s"] = list(task.preview_s)

@@ -1,0 +1,123 @@
+"""Residual policies: the scripted baselines in torch (the prior) match the numpy baselines, the
+prior travels inside the exported graph, and a checkpoint with a prior loads back."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from robot_wm import description
+from robot_wm.core.kinematics import Kinematics
+from robot_wm.core.policy_runner import PolicyRunner
+from robot_wm.core.tasks import get_task
+from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig, export_policy, task_layout
+from robot_wm.learning.scripted_prior import inverse3, scripted_prior
+from robot_wm.learning.torch_kinematics import TorchToolFK
+
+URDF = description.expand()
+JOINTS = description.joint_limits(URDF).names
+HOME = description.initial_positions(JOINTS)
+KIN = Kinematics(URDF, JOINTS)
+FK = TorchToolFK(URDF, JOINTS)
+
+
+def _observations(task, n: int, seed: int) -> np.ndarray:
+    """Observations the baseline meets: near home and far from it, targets near and far (so the
+    tool-speed cap and the joint-limit scaling both act), at random times of the episode."""
+    rng = np.random.default_rng(seed)
+    eps = task.episodes(n, seed, HOME)
+    rows = []
+    for i in range(n):
+        q = eps.q0_rad[i] + rng.normal(0.0, rng.choice([0.05, 0.5]), len(JOINTS))
+        qdot = rng.normal(0.0, 0.3, len(JOINTS))
+        rows.append(task.observation(eps, i, rng.uniform(0.0, task.episode_s), q, qdot, KIN.tool_position_m(q)))
+    return np.stack(rows)
+
+
+def test_the_torch_jacobian_is_pinocchios():
+    q = np.random.default_rng(0).uniform(-3, 3, (32, len(JOINTS)))
+    tool, jac = FK.position_and_jacobian(torch.as_tensor(q))
+    for i in range(len(q)):
+        np.testing.assert_allclose(tool[i].numpy(), KIN.tool_position_m(q[i]), atol=1e-6)  # the chain constants are float32
+        np.testing.assert_allclose(jac[i].numpy(), KIN.tool_jacobian(q[i])[:3], atol=1e-6)  # the chain constants are float32
+
+
+def test_the_adjugate_inverse_inverts():
+    m = torch.as_tensor(np.random.default_rng(1).normal(size=(16, 3, 3)))
+    m = m @ m.transpose(-1, -2) + 0.01 * torch.eye(3, dtype=m.dtype)
+    np.testing.assert_allclose((m @ inverse3(m)).numpy(), np.broadcast_to(np.eye(3), (16, 3, 3)), atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["reach", "track"])
+def test_the_prior_is_the_scripted_baseline(name):
+    task = get_task(name)
+    prior = scripted_prior(task, task_layout(task.spec), FK).double()
+    baseline = task.baseline()
+    obs = _observations(task, 64, seed=3)
+    expected = np.stack([baseline.act(o) for o in obs])
+    with torch.no_grad():
+        got = prior(torch.as_tensor(obs)).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-6)  # the chain constants are float32
+    assert np.any(np.abs(expected).max(1) > 0.99 * np.min(task.action_limit_radps))  # the scaling was exercised
+
+
+def _residual_actor(task, correction: float) -> Actor:
+    obs = _observations(task, 256, seed=5)
+    mean, std = obs.mean(0).astype(np.float32), np.maximum(obs.std(0), 1e-3).astype(np.float32)
+    layout = task_layout(task.spec)
+    actor = Actor(ObsNormalizer(mean, std, layout), np.asarray(task.action_limit_radps), 32,
+                  scripted_prior(task, layout, TorchToolFK(URDF, JOINTS)), residual_fraction=0.3)
+    with torch.no_grad():
+        actor.net[-1].weight.mul_(correction / 0.01)
+    return actor.eval()
+
+
+@pytest.mark.parametrize("name", ["reach", "track"])
+def test_the_exported_residual_policy_carries_the_prior_and_bounds_the_correction(tmp_path, name):
+    task = get_task(name)
+    obs = _observations(task, 64, seed=7)
+    baseline = np.stack([task.baseline().act(o) for o in obs])
+    limits = np.asarray(task.action_limit_radps)
+
+    still = _residual_actor(task, correction=0.0)  # no correction: exactly the baseline
+    with torch.no_grad():
+        np.testing.assert_allclose(still(torch.as_tensor(obs, dtype=torch.float32)).numpy(), baseline, atol=2e-5)
+
+    actor = _residual_actor(task, correction=20.0)  # a large correction: the bounds act
+    path = export_policy(actor, tmp_path / "policy.onnx", joint_names=JOINTS, task=task.spec,
+                         dataset_sha256="0" * 64, version="test", config=PolicyConfig(prior="scripted"))
+    runner = PolicyRunner(path, JOINTS, task.control_dt_s, task=name)
+    onnx_out = np.stack([runner.act(o) for o in obs])
+    with torch.no_grad():
+        torch_out = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(onnx_out, torch_out, atol=1e-4)
+    assert np.all(np.abs(onnx_out) <= limits + 1e-5)
+    correction = onnx_out - baseline
+    assert np.abs(correction).max() > 0.1 * limits.min()  # the correction is really there
+    unscaled = np.max(np.abs(baseline + correction) / limits, axis=1) < 0.999
+    assert np.all(np.abs(correction[unscaled]) <= 0.3 * limits + 1e-4)
+    assert "scripted baseline" in runner.model.meta["prior"]
+
+
+def test_a_checkpoint_with_a_prior_loads_back_with_it(tmp_path):
+    from robot_wm.learning.pipeline import POLICY_CHECKPOINT_FORMAT, load_policy_checkpoint
+    from robot_wm.contracts import layout_json
+
+    task = get_task("track")
+    actor = _residual_actor(task, correction=5.0)
+    cfg = PolicyConfig(hidden=32, prior="scripted", residual_fraction=0.3)
+    torch.save({"format": POLICY_CHECKPOINT_FORMAT, "state_dict": actor.state_dict(), "config": cfg.__dict__,
+                "task": "track", "obs_layout": layout_json(task_layout(task.spec)), "obs_mean": actor.norm.mean.tolist(),
+                "obs_std": actor.norm.std.tolist(), "action_limit_radps": list(task.action_limit_radps)},
+               tmp_path / "policy.pt")
+    loaded, _ = load_policy_checkpoint(tmp_path / "policy.pt")
+    obs = torch.as_tensor(_observations(task, 16, seed=9), dtype=torch.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(obs).numpy(), actor(obs).numpy(), atol=1e-6)
+
+
+def test_an_unknown_prior_is_refused_by_name():
+    with pytest.raises(ValueError, match="policy.prior"):
+        PolicyConfig(prior="expert")
+    with pytest.raises(ValueError, match="residual_fraction"):
+        PolicyConfig(residual_fraction=0.0)
