@@ -30,6 +30,7 @@ from robot_wm.process_group import ProcessGroup
 
 TOOL_SPEED_TOLERANCE_MPS = 0.1  # velocity-loop lag/overshoot above the filter's commanded limit
 JOINT_LIMIT_TOLERANCE_RAD = 0.02  # drive latency + lag coast past a soft limit (as in test/test_adversarial_e2e.py)
+NEAR_LIMIT_RAD = 0.05  # a joint this close to a safety limit is "at" it (parking there is what limit-aware policies avoid)
 PUSH_WINDOW_S = 1.0  # an external push moves the arm faster than any command: not counted against the filter
 
 
@@ -57,6 +58,7 @@ class DemoSummary:
     prediction_error_qdot_radps_median: float | None
     joint_states_hz: float
     intervention_rate: float  # fraction of the filter's periods (after the enable) in FILTERING
+    near_limit_fraction: dict[str, float] = field(default_factory=dict)  # per joint: share of samples within NEAR_LIMIT_RAD of a limit
     paths_done: int = 0  # track: paths run to their end
     paths_succeeded: int = 0
     tracking_rms_m_median: float | None = None  # track: measured tool (FK of /joint_states)
@@ -370,6 +372,8 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
         prediction_error_qdot_radps_median=float(np.median(pred)) if len(pred) else None,
         joint_states_hz=float(len(t_js) / max(t_js[-1] - t_js[0], 1e-9)) if len(t_js) > 1 else 0.0,
         intervention_rate=float(sum(s[2] == "FILTERING" for s in moving) / len(moving)) if moving else 0.0,
+        near_limit_fraction={n: round(float(np.mean(over[:, j] > -NEAR_LIMIT_RAD)), 4)
+                             for j, n in enumerate(kin.joint_names)} if len(over) else {},
         paths_done=len(paths), paths_succeeded=sum(ok for _, ok in paths),
         tracking_rms_m_median=float(np.median([r for r, _ in paths])) if paths else None,
         events=[f"{t:6.2f} s  {e}" for t, e in events],
@@ -399,6 +403,9 @@ def _print_summary(s: DemoSummary) -> None:
         print(f"paths tracked {s.paths_done}, succeeded {s.paths_succeeded}, median tracking RMS {rms} (measured tool)")
     print(f"joint-limit violations {s.joint_limit_violations} (beyond the safety limits + {JOINT_LIMIT_TOLERANCE_RAD} rad; "
           f"max overshoot {s.max_limit_overshoot_rad * 1e3:.1f} mrad)")
+    if s.near_limit_fraction:
+        joint, share = max(s.near_limit_fraction.items(), key=lambda kv: kv[1])
+        print(f"time within {NEAR_LIMIT_RAD} rad of a joint limit: at most {100 * share:.1f} % ({joint})")
     print(f"max tool speed {s.max_tool_speed_mps:.3f} m/s (limit {s.tool_speed_limit_mps} m/s + {TOOL_SPEED_TOLERANCE_MPS} m/s "
           f"tracking tolerance); during the push {s.max_tool_speed_during_push_mps:.3f} m/s")
     rest = "never" if s.estop_to_rest_s is None else f"{s.estop_to_rest_s * 1e3:.0f} ms"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import PYTHON, wait_for
+from robot_wm.contracts import JOINT_NAMES
 from rosclient import ArmClient, arm_sim_command
 from scripted_arm import Segment, default_script, run_script, summarize
 
@@ -65,6 +66,8 @@ def test_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
     assert summary["filter_states"].get("ESTOP", 0) > 100  # latched for the 3 s until the reset
     assert summary["goals_reached"] >= 1
     assert summary["max_limit_overshoot_rad"] < 0.05  # well inside the URDF's limits
+    assert set(summary["near_limit_fraction"]) == set(JOINT_NAMES)  # every joint, by name
+    assert all(0.0 <= v <= 1.0 for v in summary["near_limit_fraction"].values())
     track = json.loads((tmp_path / "track_summary.json").read_text())
     assert (tmp_path / "track_report.png").stat().st_size > 10_000
     assert track["task"] == "track" and track["paths_done"] >= 1 and track["tracking_rms_m_median"] is not None
