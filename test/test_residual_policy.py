@@ -11,7 +11,7 @@ from robot_wm.core.kinematics import Kinematics
 from robot_wm.core.policy_runner import PolicyRunner
 from robot_wm.core.tasks import get_task
 from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig, export_policy, task_layout
-from robot_wm.learning.scripted_prior import inverse3, scripted_prior
+from robot_wm.learning.scripted_prior import ToolSpeedCap, inverse3, scripted_prior
 from robot_wm.learning.torch_kinematics import TorchToolFK
 
 URDF = description.expand()
@@ -61,12 +61,14 @@ def test_the_prior_is_the_scripted_baseline(name):
     assert np.any(np.abs(expected).max(1) > 0.99 * np.min(task.action_limit_radps))  # the scaling was exercised
 
 
-def _residual_actor(task, correction: float) -> Actor:
+def _residual_actor(task, correction: float, cap_mps: float | None = None) -> Actor:
     obs = _observations(task, 256, seed=5)
     mean, std = obs.mean(0).astype(np.float32), np.maximum(obs.std(0), 1e-3).astype(np.float32)
     layout = task_layout(task.spec)
+    fk = TorchToolFK(URDF, JOINTS)
+    cap = ToolSpeedCap(fk, layout["q_rad"], cap_mps) if cap_mps else None
     actor = Actor(ObsNormalizer(mean, std, layout), np.asarray(task.action_limit_radps), 32,
-                  scripted_prior(task, layout, TorchToolFK(URDF, JOINTS)), residual_fraction=0.3)
+                  scripted_prior(task, layout, fk), residual_fraction=0.3, speed_cap=cap)
     with torch.no_grad():
         actor.net[-1].weight.mul_(correction / 0.01)
     return actor.eval()
@@ -99,13 +101,29 @@ def test_the_exported_residual_policy_carries_the_prior_and_bounds_the_correctio
     assert "scripted baseline" in runner.model.meta["prior"]
 
 
+@pytest.mark.parametrize("name", ["reach", "track"])
+def test_the_speed_cap_keeps_the_implied_tool_speed_under_it_in_the_exported_graph(tmp_path, name):
+    task = get_task(name)
+    actor = _residual_actor(task, correction=20.0, cap_mps=0.3)
+    path = export_policy(actor, tmp_path / "policy.onnx", joint_names=JOINTS, task=task.spec,
+                         dataset_sha256="0" * 64, version="test", config=PolicyConfig(prior="scripted"))
+    runner = PolicyRunner(path, JOINTS, task.control_dt_s, task=name)
+    obs = _observations(task, 64, seed=11)
+    speeds = []
+    for o in obs:
+        a = runner.act(o)
+        speeds.append(np.linalg.norm(KIN.tool_linear_velocity_mps(o[:len(JOINTS)], a)))
+    assert max(speeds) <= 0.3 + 1e-4 and max(speeds) > 0.29  # the cap binds, and holds
+    assert runner.model.meta["tool_speed_cap_mps"] == pytest.approx(0.3)
+
+
 def test_a_checkpoint_with_a_prior_loads_back_with_it(tmp_path):
     from robot_wm.learning.pipeline import POLICY_CHECKPOINT_FORMAT, load_policy_checkpoint
     from robot_wm.contracts import layout_json
 
     task = get_task("track")
-    actor = _residual_actor(task, correction=5.0)
-    cfg = PolicyConfig(hidden=32, prior="scripted", residual_fraction=0.3)
+    actor = _residual_actor(task, correction=5.0, cap_mps=0.45)
+    cfg = PolicyConfig(hidden=32, prior="scripted", residual_fraction=0.3, speed_cap_fraction=0.9)
     torch.save({"format": POLICY_CHECKPOINT_FORMAT, "state_dict": actor.state_dict(), "config": cfg.__dict__,
                 "task": "track", "obs_layout": layout_json(task_layout(task.spec)), "obs_mean": actor.norm.mean.tolist(),
                 "obs_std": actor.norm.std.tolist(), "action_limit_radps": list(task.action_limit_radps)},
@@ -121,3 +139,5 @@ def test_an_unknown_prior_is_refused_by_name():
         PolicyConfig(prior="expert")
     with pytest.raises(ValueError, match="residual_fraction"):
         PolicyConfig(residual_fraction=0.0)
+    with pytest.raises(ValueError, match="speed_cap_fraction"):
+        PolicyConfig(speed_cap_fraction=1.5)

@@ -160,26 +160,20 @@ def load_policy_checkpoint(path: Path):
     import numpy as np
     import torch
 
-    from robot_wm.learning.policy import Actor, ObsNormalizer
+    from robot_wm.learning.policy import PolicyConfig, build_actor, task_layout
 
     record = torch.load(Path(path), map_location="cpu", weights_only=False)
     if not isinstance(record, dict) or record.get("format") != POLICY_CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a robot_wm policy checkpoint (format {POLICY_CHECKPOINT_FORMAT!r})")
-    layout = {k: slice(*v) for k, v in record["obs_layout"].items()} if record.get("obs_layout") else None
-    config = record["config"]
-    prior = None
-    if config.get("prior", "none") == "scripted":  # rebuilt from the description; its buffers are in the state dict
-        from robot_wm import description
-        from robot_wm.core.tasks import get_task
-        from robot_wm.learning.policy import task_layout
-        from robot_wm.learning.scripted_prior import scripted_prior
-        from robot_wm.learning.torch_kinematics import TorchToolFK
+    from robot_wm import description
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.torch_kinematics import TorchToolFK
 
-        task = get_task(record.get("task", "reach"))
-        urdf = description.expand()
-        prior = scripted_prior(task, layout or task_layout(task.spec), TorchToolFK(urdf, description.joint_limits(urdf).names))
-    actor = Actor(ObsNormalizer(np.array(record["obs_mean"]), np.array(record["obs_std"]), layout),
-                  np.array(record["action_limit_radps"]), config["hidden"], prior, config.get("residual_fraction", 1.0))
+    task = get_task(record.get("task", "reach")).spec
+    layout = {k: slice(*v) for k, v in record["obs_layout"].items()} if record.get("obs_layout") else task_layout(task)
+    urdf = description.expand()
+    actor = build_actor(PolicyConfig(**record["config"]), task, np.array(record["obs_mean"]), np.array(record["obs_std"]),
+                        layout, TorchToolFK(urdf, description.joint_limits(urdf).names), record["action_limit_radps"])
     actor.load_state_dict(record["state_dict"])
     return actor.eval(), record
 

@@ -92,6 +92,9 @@ class PolicyConfig:
     # correction bounded by residual_fraction of the action limits (a residual policy)
     prior: str = "none"
     residual_fraction: float = 0.3
+    # > 0: the actor's output is scaled so that |J(q) a| <= this fraction of tool_speed_max_mps
+    # (robot_wm.learning.scripted_prior.ToolSpeedCap, inside the exported graph); 0 = no cap
+    speed_cap_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("hidden", "iterations", "batch", "horizon"):
@@ -103,6 +106,8 @@ class PolicyConfig:
         for name in ("actor_lr", "critic_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected a positive learning rate")
+        if not 0.0 <= self.speed_cap_fraction <= 1.0:
+            raise ValueError(f"policy.speed_cap_fraction={self.speed_cap_fraction}: expected a fraction in [0, 1] (0 = off)")
         for name in ("entropy_coef", "disagreement_coef", "grad_clip", "limit_cost", "limit_margin_rad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected >= 0")
@@ -111,6 +116,32 @@ class PolicyConfig:
         for name in ("limit_speed_fraction", "limit_accel_fraction", "residual_fraction"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: expected a fraction in (0, 1]")
+
+
+def speed_cap(cfg: "PolicyConfig", layout: dict[str, slice], fk: nn.Module) -> nn.Module | None:
+    """The actor's tool-speed cap for ``cfg`` (None when ``speed_cap_fraction`` is 0): that
+    fraction of the safety filter's ``tool_speed_max_mps`` (config/safety.yaml)."""
+    if cfg.speed_cap_fraction <= 0:
+        return None
+    from robot_wm.core.safety import load_safety_limits
+    from robot_wm.learning.scripted_prior import ToolSpeedCap
+
+    return ToolSpeedCap(fk, layout["q_rad"], cfg.speed_cap_fraction * load_safety_limits().tool_speed_max_mps)
+
+
+def build_actor(cfg: "PolicyConfig", task: "TaskSpec | TrackSpec", mean: np.ndarray, std: np.ndarray,
+                layout: dict[str, slice], fk: nn.Module, action_limit_radps=None) -> "Actor":
+    """The actor ``cfg`` describes for ``task``: networks, the scripted prior (``prior: scripted``)
+    and the tool-speed cap; ``action_limit_radps`` defaults to the task's."""
+    prior = None
+    if cfg.prior == "scripted":
+        from robot_wm.core.tasks import ReachTask, TrackTask
+        from robot_wm.learning.scripted_prior import scripted_prior
+
+        prior = scripted_prior(TrackTask(task) if isinstance(task, TrackSpec) else ReachTask(task), layout, fk)
+    limits = np.asarray(task.action_limit_radps if action_limit_radps is None else action_limit_radps, dtype=float)
+    return Actor(ObsNormalizer(mean, std, layout), limits, cfg.hidden, prior, cfg.residual_fraction,
+                 speed_cap(cfg, layout, fk))
 
 
 def task_layout(task: "TaskSpec | TrackSpec") -> dict[str, slice]:
@@ -155,12 +186,14 @@ class Actor(nn.Module):
 
     With a ``prior`` (a module obs -> command, robot_wm.learning.scripted_prior) the action is
     ``prior(obs) + tanh(x) * residual_fraction * limit``, scaled as a whole into the limits; the
-    correction starts near zero, so training starts from the scripted baseline.
+    correction starts near zero, so training starts from the scripted baseline. A ``speed_cap``
+    (``ToolSpeedCap``) scales the final command so the tool speed it implies stays under a cap.
     """
 
     def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int,
-                 prior: nn.Module | None = None, residual_fraction: float = 1.0) -> None:
+                 prior: nn.Module | None = None, residual_fraction: float = 1.0, speed_cap: nn.Module | None = None) -> None:
         super().__init__()
+        self.speed_cap = speed_cap
         self.norm = normalizer
         self.net = _mlp(normalizer.features, hidden, 2 * N_JOINTS)  # mean and log-std per joint
         self.prior = prior
@@ -175,10 +208,12 @@ class Actor(nn.Module):
 
     def _action(self, obs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
         if self.prior is None:
-            return squashed * self.limit
-        action = self.prior(obs) + squashed * self.scale
-        ratio = (action.abs() / self.limit).amax(-1, keepdim=True)
-        return action / torch.clamp(ratio, min=1.0)
+            action = squashed * self.limit
+        else:
+            action = self.prior(obs) + squashed * self.scale
+            ratio = (action.abs() / self.limit).amax(-1, keepdim=True)
+            action = action / torch.clamp(ratio, min=1.0)
+        return action if self.speed_cap is None else self.speed_cap(obs, action)
 
     def dist(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (mean, std) of the pre-tanh Gaussian."""
@@ -366,14 +401,7 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     rng = np.random.default_rng(cfg.seed)
     mean, std = obs_normalization(dataset, task)
     layout = task_layout(task)
-    prior = None
-    if cfg.prior == "scripted":
-        from robot_wm.core.tasks import ReachTask, TrackTask
-        from robot_wm.learning.scripted_prior import scripted_prior
-
-        prior = scripted_prior(TrackTask(task) if isinstance(task, TrackSpec) else ReachTask(task), layout, fk)
-    actor = Actor(ObsNormalizer(mean, std, layout), np.asarray(task.action_limit_radps), cfg.hidden, prior,
-                  cfg.residual_fraction)
+    actor = build_actor(cfg, task, mean, std, layout, fk)
     critic = Critic(ObsNormalizer(mean, std, layout), cfg.hidden)
     target = copy.deepcopy(critic).requires_grad_(False)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
@@ -491,6 +519,7 @@ def export_policy(actor: Actor, path, *, joint_names, task, dataset_sha256: str,
         "prior": ("scripted baseline + learned correction within "
                   f"{config.residual_fraction:g} x action_limit_radps (inside the graph)"
                   if config is not None and config.prior == "scripted" else "none"),
+        "tool_speed_cap_mps": (actor.speed_cap.cap if actor.speed_cap is not None else None),
     }
     if isinstance(task, TrackSpec):
         extra["preview_s"] = list(task.preview_s)

@@ -99,3 +99,21 @@ def scripted_prior(task, layout: dict[str, slice], fk: TorchToolFK) -> nn.Module
     """The torch prior of ``task`` (a ``robot_wm.core.tasks`` task: ``ReachTask`` or ``TrackTask``)."""
     baseline = task.baseline()
     return TrackPrior(fk, baseline, layout) if task.name == "track" else ReachPrior(fk, baseline, layout)
+
+
+class ToolSpeedCap(nn.Module):
+    """Scale a joint-velocity command as a whole so that the tool's speed it implies at the
+    measured posture, |J(q) a|, stays within ``cap_mps`` (an action parameterization that cannot
+    ask for more than the safety filter's tool-speed limit)."""
+
+    def __init__(self, fk: TorchToolFK, q_slice: slice, cap_mps: float) -> None:
+        super().__init__()
+        if not cap_mps > 0:
+            raise ValueError(f"tool speed cap {cap_mps!r} m/s: expected > 0")
+        self.fk, self.q, self.cap = fk, q_slice, float(cap_mps)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        _, jac = self.fk.position_and_jacobian(obs[..., self.q])
+        v = (jac @ action.unsqueeze(-1)).squeeze(-1)
+        speed = torch.sqrt((v * v).sum(-1, keepdim=True))
+        return action * (self.cap / torch.clamp(speed, min=self.cap))

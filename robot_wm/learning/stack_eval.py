@@ -63,6 +63,7 @@ class StackEvalReport:
     periods: np.ndarray  # (n,) scored periods
     violations: dict[str, np.ndarray]  # kind -> (n,) periods with that breach on the plant
     states: Counter = field(default_factory=Counter)  # filter states over all scored periods
+    constraints: Counter = field(default_factory=Counter)  # active constraints over the FILTERING periods
     wall_s: float = field(default=0.0, compare=False)
 
     @property
@@ -102,6 +103,7 @@ class StackEvalReport:
             out[f"{name}_p90"] = r(np.percentile(finite, 90)) if finite.size else None
         if self.stack:
             out["filter_states"] = dict(sorted(self.states.items()))
+            out["active_constraints"] = dict(self.constraints.most_common())
         return out
 
 
@@ -214,6 +216,7 @@ def evaluate_stack(
     metrics: dict[str, np.ndarray] = {}
     violations = {k: np.zeros(n, int) for k in VIOLATION_KINDS}
     states: Counter = Counter()
+    constraints: Counter = Counter()
     name = getattr(policy, "name", type(policy).__name__)
     started = time.perf_counter()
     with tqdm(total=n * steps, unit="step", desc=f"eval {task.name}{' --stack' if stack else ''} {name} [{prof.name}]",
@@ -227,9 +230,10 @@ def evaluate_stack(
             for k in VIOLATION_KINDS:
                 violations[k][i] = ep["violations"][k]
             states.update(ep["states"])
+            constraints.update(ep["constraints"])
             bar.update(steps)
     return StackEvalReport(name, task.name, prof.name, n, int(seed), bool(stack), success, metrics, peak,
-                           interventions, periods, violations, states, time.perf_counter() - started)
+                           interventions, periods, violations, states, constraints, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,7 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
     peak, interventions = 0.0, 0
     violations: Counter = Counter()
     states: Counter = Counter()
+    constraints: Counter = Counter()
     for step in range(task.episode_steps):
         js = sim.joint_state()
         q = js.position_rad
@@ -313,6 +318,8 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
             res = period(js, nominal, stamp)
             states[res.state.name] += 1
             interventions += res.state.name != "OK"
+            if res.state.name == "FILTERING":
+                constraints.update(res.active_constraints)
         tool = sim.tool_position_m()
         speed = float(np.linalg.norm(tool - tool_prev) / dt)
         tool_prev = tool
@@ -321,4 +328,4 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
             violations[kind] += bad
         score.update(t - t_task, tool)
     return {"success": score.success, "metrics": score.metrics(), "peak": peak, "interventions": interventions,
-            "violations": violations, "states": states}
+            "violations": violations, "states": states, "constraints": constraints}
