@@ -233,3 +233,17 @@ def test_evaluate_rejects_bad_profile(baseline):
 
     with pytest.raises(ProfileError, match="moon"):
         evaluate(baseline, "moon", episodes=1, seed=0, task=TaskSpec(episode_s=0.5, success_hold_s=0.1))
+
+
+def test_json_stdout_carries_only_json_while_a_solver_prints_from_c(capfd):
+    """OSQP prints from C to file descriptor 1 whatever its verbose setting (osqp/osqp#785); while
+    the evaluation runs, that goes to stderr so `eval --json | jq` keeps working."""
+    import os
+
+    from robot_wm.learning.evaluate import native_stdout_to_stderr
+
+    with native_stdout_to_stderr():
+        os.write(1, b"Polishing not needed - no active set detected at optimal point\n")
+    print('{"ok": true}')
+    out, err = capfd.readouterr()
+    assert json.loads(out) == {"ok": True} and "Polishing not needed" in err

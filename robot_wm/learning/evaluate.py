@@ -19,7 +19,9 @@ Imports only numpy, onnxruntime (through robot_wm.core) and the simulator: no to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -270,24 +272,10 @@ def run(args: argparse.Namespace) -> int:
         policies["baseline"] = task_obj.baseline()
 
     reports: dict[str, EvalReport | None] = {}
-    for key, pol in policies.items():
-        if pol is None:
-            reports[key] = None
-            continue
-        try:
-            if args.stack or args.task == "track":
-                from robot_wm.learning.stack_eval import evaluate_stack
-
-                reports[key] = evaluate_stack(pol, profile, args.episodes, args.seed, task=task_obj,
-                                              models_dir=models_dir, stack=args.stack, progress=not args.no_progress)
-            else:
-                reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
-        except PolicyOutputError as exc:
-            return fail(f"{key} failed during evaluation: {exc}", 1)
-        except (ModelError, RuntimeError) as exc:
-            return fail(f"{key}: the stack could not run: {exc}")
-        print(f"eval{' --stack' if args.stack else ''}: {reports[key].policy}: {args.episodes} episodes on "
-              f"{profile.name} in {reports[key].wall_s:.1f} s", file=sys.stderr)
+    with native_stdout_to_stderr():
+        status = _run_reports(args, policies, profile, task, task_obj, models_dir, reports, fail)
+    if status is not None:
+        return status
     if args.json:
         out = {"task": args.task, "profile": profile.name, "episodes": args.episodes, "seed": args.seed,
                "stack": bool(args.stack),
@@ -360,5 +348,47 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _run_reports(args, policies, profile, task, task_obj, models_dir, reports, fail) -> int | None:
+    """Evaluate each policy into ``reports``; a non-None return is the command's exit status."""
+    from robot_wm.core.onnx_model import ModelError
+
+    for key, pol in policies.items():
+        if pol is None:
+            reports[key] = None
+            continue
+        try:
+            if args.stack or args.task == "track":
+                from robot_wm.learning.stack_eval import evaluate_stack
+
+                reports[key] = evaluate_stack(pol, profile, args.episodes, args.seed, task=task_obj,
+                                              models_dir=models_dir, stack=args.stack, progress=not args.no_progress)
+            else:
+                reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
+        except PolicyOutputError as exc:
+            return fail(f"{key} failed during evaluation: {exc}", 1)
+        except (ModelError, RuntimeError) as exc:
+            return fail(f"{key}: the stack could not run: {exc}")
+        print(f"eval{' --stack' if args.stack else ''}: {reports[key].policy}: {args.episodes} episodes on "
+              f"{profile.name} in {reports[key].wall_s:.1f} s", file=sys.stderr)
+    return None
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr():
+    """Route file descriptor 1 to stderr while solvers run, so that ``--json`` stdout carries only
+    JSON: OSQP >= 1.0 prints "Polishing not needed - no active set detected at optimal point"
+    from C on such solves whatever its ``verbose`` setting (osqp/osqp#785)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 if __name__ == "__main__":
     sys.exit(main())
+
