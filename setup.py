@@ -24,6 +24,7 @@ setup(
         (f"share/{package_name}/urdf", glob("urdf/*.xacro")),
         (f"share/{package_name}/models", glob("models/*.onnx") + glob("models/*.json")),
         (f"share/{package_name}/models/track", glob("models/track/*.onnx") + glob("models/track/*.json")),
+        (f"share/{package_name}/models/track_sim_only", glob("models/track_sim_only/*.onnx") + glob("models/track_sim_only/*.json")),
     ],
     install_requires=["numpy", "PyYAML", "xacro", "pin", "mujoco", "osqp", "onnxruntime"],
     python_requires=">=3.10",

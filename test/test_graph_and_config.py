@@ -175,11 +175,13 @@ def test_the_safety_filter_enables_itself_only_on_the_embedded_arm_and_stops_wit
     assert filt(graph.plan("mujoco", graph_path=with_monitor)).parameters["default_trust_level"] == 3  # STOP
 
 
-def test_a_task_without_a_shipped_policy_runs_the_scripted_baseline(capsys):
-    """No models/track/policy.onnx ships: up, the launch file and the demo give the policy node
-    scripted=true (and say so); reach has its learned policy and gets nothing."""
+def test_a_task_without_a_shipped_policy_runs_the_scripted_baseline(capsys, monkeypatch):
+    """Both tasks ship a learned policy: nothing is overridden. A task without one (a package
+    built without models/track/) gives the policy node scripted=true in up, the launch file and
+    the demo, and says so."""
     assert graph.shipped_policy("reach") and graph.policy_overrides("reach") == {}
-    assert not graph.shipped_policy("track")
+    assert graph.shipped_policy("track") and graph.policy_overrides("track") == {}
+    monkeypatch.setattr(graph, "shipped_policy", lambda task: task == "reach")
     assert graph.policy_overrides("track", "up") == {"scripted": True}
     assert "no learned track policy is shipped" in capsys.readouterr().out
     by_name = {s.name: s for s in graph.plan("mujoco", task="track", overrides=graph.policy_overrides("track"))}

@@ -33,3 +33,26 @@ def test_shipped_world_model_predicts_a_commanded_motion():
     assert np.all(np.isfinite(pred.epistemic_std)) and np.all(pred.aleatoric_std > 0)
     f0, jac = runner.linearize(q, qdot, command)
     assert jac.shape == (12, 6) and jac[6, 0] > 0.1  # commanding the pan joint speeds it up
+
+
+def test_shipped_tracking_policy_follows_its_paths_through_the_stack():
+    """models/track/: the residual tracking policy, through the safety filter with its world model."""
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.stack_eval import evaluate_stack
+
+    task = get_task("track")
+    policy = PolicyRunner(data_path("models", "track", "policy.onnx"), JOINTS, task.control_dt_s, task="track")
+    assert "scripted baseline" in policy.model.meta["prior"] and policy.model.meta["tool_speed_cap_mps"] <= 0.5
+    report = evaluate_stack(policy, "real_twin", episodes=4, seed=3, task=task,
+                            models_dir=data_path("models", "track"), progress=False).to_dict()
+    assert report["tracking_rms_m_median"] < 0.008 and report["violations"] == 0, report
+    assert report["intervention_rate"] < 0.1, report
+
+
+def test_every_shipped_model_set_loads_through_its_sidecars():
+    from robot_wm.core.tasks import get_task
+
+    for name, task in (("track", "track"), ("track_sim_only", "track")):
+        spec = get_task(task).spec
+        PolicyRunner(data_path("models", name, "policy.onnx"), JOINTS, spec.control_dt_s, task=task)
+        WorldModelRunner(data_path("models", name, "world_model.onnx"), JOINTS, spec.control_dt_s)

@@ -132,9 +132,10 @@ def test_eval_track_json_reports_the_tracking_metrics():
     assert out["task"] == "track" and out["policy"] is None
     for key in ("success_rate", "tracking_rms_m_median", "tracking_max_m_p90", "peak_tool_speed_mps_max", "violations"):
         assert key in out["baseline"]
-    missing = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--task", "track", "--json", "--no-progress"],
-                             capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and "--no-policy" in missing.stderr
+    # without --policy the shipped tracking policy runs (models/track/); a missing file is named
+    missing = subprocess.run([PYTHON, "-m", "robot_wm.cli", "eval", "--task", "track", "--policy", "nope/policy.onnx",
+                              "--json", "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "nope/policy.onnx" in missing.stderr and "not found" in missing.stderr
 
 
 def test_train_export_eval_round_trip_for_track(tmp_path):

@@ -6,7 +6,7 @@ that row on that profile, on the same episodes: success rate, the task's error (
 error; track: tracking RMS), the filter's intervention rate and the plant's limit violations.
 
 * ``--sim-only DIR``: a model set trained on nominal-simulator data only (no randomization): the
-  row that shows the sim-to-real gap;
+  row that shows the sim-to-real gap (default: the shipped ``models/<task>_sim_only/``);
 * ``--randomized DIR``: the domain-randomized model set (default: the shipped one of the task);
 * ``--models DIR`` (repeatable): adapted model sets (the adaptation issue adds those).
 
@@ -127,7 +127,8 @@ def add_parser(verbs) -> None:
     p.add_argument("--task", default="track", choices=("reach", "track"))
     p.add_argument("--profiles", nargs="+", default=["nominal", "real_twin", "worn_heavy"],
                    help="arm profiles (names or YAML files): the columns")
-    p.add_argument("--sim-only", default=None, help="model set trained on nominal-simulator data only")
+    p.add_argument("--sim-only", default=None,
+                   help="model set trained on nominal-simulator data only (default: the shipped models/<task>_sim_only)")
     p.add_argument("--randomized", default=None, help="the domain-randomized model set (default: the shipped one)")
     p.add_argument("--models", action="append", default=[], help="an adapted model set (repeatable)")
     p.add_argument("--no-baseline", action="store_true", help="leave out the scripted baseline row")
@@ -146,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
     from robot_wm.sim import ProfileError
 
     rows: list[tuple[str, Path | None]] = []
-    if args.sim_only:
-        rows.append(("sim-only policy", Path(args.sim_only)))
+    sim_only = Path(args.sim_only) if args.sim_only else _shipped(f"{args.task}_sim_only", data_path)
+    if sim_only is not None:
+        rows.append(("sim-only policy", sim_only))
     randomized = Path(args.randomized) if args.randomized else _shipped(args.task, data_path)
     if randomized is not None:
         rows.append(("domain-randomized policy", randomized))
@@ -173,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _shipped(task: str, data_path) -> Path | None:
-    """The shipped model set of a task (reach: models/; track: models/track/), if there is one."""
-    directory = data_path("models", must_exist=False) if task == "reach" else data_path("models", "track",
+    """A shipped model set (reach: models/; any other: models/<name>/), if there is one."""
+    directory = data_path("models", must_exist=False) if task == "reach" else data_path("models", task,
                                                                                         must_exist=False)
     return directory if (Path(directory) / "policy.onnx").is_file() else None
