@@ -60,6 +60,9 @@ AGE_WINDOW = 10
 #: reaches 0.85 m; every second derivative of a point position is bounded by its distance from an axis.
 REACH_M = 1.0
 
+#: The tool-speed rows' look-ahead margin is at most this fraction of the limit.
+SPEED_MARGIN_MAX_FRACTION = 0.25
+
 #: Above the force limit the tool must move away from the contact at least this fast (m/s); when
 #: the other limits do not allow that, the filter stops the arm instead.
 FORCE_RETREAT_MPS = 0.01
@@ -209,6 +212,8 @@ class SafetyFilter:
         self._force_hard = False  # the force row is hard this period (force above the limit)
         self._jac_tool = np.zeros((3, n))
         self._tool_speed_lim = limits.tool_speed_max_mps
+        self._speed_margin = 0.0  # this period's look-ahead margin of the tool-speed rows, m/s
+        self._tool_jacobian = lambda q_rad: kinematics.tool_jacobian(q_rad)[:3]
         self._kinematic_rows = False  # A's coupled rows currently hold the kinematic model (identity)
         self._q = np.zeros(lay.nx)
         self._P = sparse.diags(np.concatenate([np.ones(n), np.full(3, w)]), format="csc")
@@ -411,10 +416,14 @@ class SafetyFilter:
 
         # tool speed ‖J u‖ <= v of the COMMANDED joint velocity (the set-point the drive converges
         # to; a lagging drive's next velocity lies between qdot and u, so bounding u bounds it too
-        # once the arm is within the limit): polytope inscribed in the ball, a vertex along J u_nom
+        # once the arm is within the limit): polytope inscribed in the ball, a vertex along J u_nom.
+        # The command applies while the arm moves on (coasting the reaction time and the input age,
+        # then one period): the bound is lowered by how much the previous command's tool speed
+        # grows over that horizon, so that it holds at the posture where the command ends too.
         self._tool_speed_lim = lim.tool_speed_max_mps * s_v
+        self._speed_margin = self._speed_growth(q, jt, u_prev)
         A[lay.speed, :n] = speed_polytope.speed_rows(jt, u_nom)
-        u[lay.speed] = self._tool_speed_lim * speed_polytope.SPEED_POLYTOPE_COS
+        u[lay.speed] = (self._tool_speed_lim - self._speed_margin) * speed_polytope.SPEED_POLYTOPE_COS
 
         # workspace barriers (table, keep-outs) of every monitored point, on the COMMAND:
         #   h + g·J u dt >= h − γ(h) + margins,  γ(h) = min(α h, dt v_b(h)) (h >= 0), 0 (h < 0)
@@ -446,6 +455,21 @@ class SafetyFilter:
         self._qp_bounds()
         self._q[:n] = -u_nom
         return None
+
+    def _speed_growth(self, q: np.ndarray, jac_tool: np.ndarray, u_prev: np.ndarray) -> float:
+        """How much the previous command's tool speed grows while the arm moves on with it, m/s.
+
+        The posture at the end of the horizon (coast time + one period) along ``u_prev``; the growth
+        ‖J(q_end) u_prev‖ − ‖J(q) u_prev‖ is the margin the tool-speed rows keep (the command lies
+        in the acceleration box around ``u_prev``, so its growth is the same to first order). At
+        most ``SPEED_MARGIN_MAX_FRACTION`` of the limit: near a singularity the estimate is poor.
+        """
+        if not np.any(u_prev):
+            return 0.0
+        v_now = jac_tool @ u_prev
+        v_end = self._tool_jacobian(q + u_prev * (self._coast_s + self.dt_s)) @ u_prev
+        growth = math.sqrt(float(v_end @ v_end)) - math.sqrt(float(v_now @ v_now))
+        return min(max(growth, 0.0), SPEED_MARGIN_MAX_FRACTION * self._tool_speed_lim)
 
     def _conflict_text(self, conflict: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> str:
         i = int(np.argmax(conflict))
