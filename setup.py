@@ -6,6 +6,7 @@ lib/robot_wm for `ros2 run`. Here pip installs the code, the `robot-wm` command,
 files under <prefix>/share/robot_wm.
 """
 from glob import glob
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
@@ -22,9 +23,9 @@ setup(
         (f"share/{package_name}/config", glob("config/*.yaml") + glob("config/*.xml")),
         (f"share/{package_name}/config/sim_profiles", glob("config/sim_profiles/*.yaml")),
         (f"share/{package_name}/urdf", glob("urdf/*.xacro")),
-        (f"share/{package_name}/models", glob("models/*.onnx") + glob("models/*.json")),
-        (f"share/{package_name}/models/track", glob("models/track/*.onnx") + glob("models/track/*.json")),
-        (f"share/{package_name}/models/track_sim_only", glob("models/track_sim_only/*.onnx") + glob("models/track_sim_only/*.json")),
+    ] + [  # models/ (reach) and every model set below it (models/track/, models/<task>_sim_only/)
+        (f"share/{package_name}/{d}", glob(f"{d}/*.onnx") + glob(f"{d}/*.json"))
+        for d in ["models"] + sorted(str(Path(p).parent) for p in glob("models/*/policy.onnx"))
     ],
     install_requires=["numpy", "PyYAML", "xacro", "pin", "mujoco", "osqp", "onnxruntime"],
     python_requires=">=3.10",

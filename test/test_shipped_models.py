@@ -52,7 +52,19 @@ def test_shipped_tracking_policy_follows_its_paths_through_the_stack():
 def test_every_shipped_model_set_loads_through_its_sidecars():
     from robot_wm.core.tasks import get_task
 
-    for name, task in (("track", "track"), ("track_sim_only", "track")):
+    for name, task in (("track", "track"), ("track_sim_only", "track"), ("reach_sim_only", "reach")):
         spec = get_task(task).spec
         PolicyRunner(data_path("models", name, "policy.onnx"), JOINTS, spec.control_dt_s, task=task)
         WorldModelRunner(data_path("models", name, "world_model.onnx"), JOINTS, spec.control_dt_s)
+
+
+def test_shipped_versions_name_their_content():
+    """A version ends with the first 8 hex digits of its ONNX file's SHA-256: the reaching policies
+    before and after the limit-aware recipe came from the same data and seed and once shared one."""
+    import json
+
+    sidecars = sorted(data_path("models").glob("**/*.json"))
+    assert len(sidecars) >= 8
+    for path in sidecars:
+        meta = json.loads(path.read_text())
+        assert meta["version"].endswith("-" + meta["sha256"][:8]), (path, meta["version"])

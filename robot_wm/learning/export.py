@@ -60,7 +60,9 @@ def write_sidecar(
     """Write ``<model>.json`` next to ``onnx_path`` describing the graph and its provenance.
 
     Inputs/outputs (names, shapes) are read from the exported graph through onnxruntime, so the
-    sidecar cannot disagree with the file it describes.
+    sidecar cannot disagree with the file it describes. ``version`` may contain ``{onnx_sha8}``,
+    replaced by the first 8 hex digits of the file's SHA-256: two different graphs then never
+    share a version (the data hash and seed alone do not change with the training recipe).
 
     Raises:
         ValueError: the graph does not have ``signature`` (the contract), when one is given.
@@ -84,12 +86,13 @@ def write_sidecar(
         problems = signature_differences(inputs, outputs, signature)
         if problems:
             raise ValueError(f"{onnx_path.name}: the exported graph breaks its contract: {'; '.join(problems)}")
+    sha = sha256_file(onnx_path)
     meta = {
         "format": SIDECAR_FORMAT,
         "model_kind": model_kind,
-        "version": version,
+        "version": version.replace("{onnx_sha8}", sha[:8]),
         "onnx_file": onnx_path.name,
-        "sha256": sha256_file(onnx_path),
+        "sha256": sha,
         "inputs": inputs,
         "outputs": outputs,
         "joint_names": list(joint_names),

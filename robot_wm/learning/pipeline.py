@@ -198,7 +198,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         model, meta = load_checkpoint(Path(args.world_model))
         sha = meta.get("dataset_sha256", "")
         path = export_world_model(model, out / "world_model.onnx", sha, metrics=meta.get("metrics"),
-                                  version=f"wm-{sha[:8]}-s{model.config.seed}",
+                                  version=f"wm-{sha[:8]}-s{model.config.seed}-{{onnx_sha8}}",
                                   training_command=(meta.get("metrics") or {}).get("command"))
         written[WORLD_MODEL_KIND] = load_model(path, WORLD_MODEL_KIND, names, task.control_dt_s)
     if args.policy:
@@ -210,7 +210,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             metrics.update(json.loads(Path(args.eval_metrics).read_text()))
         path = export_policy(actor, out / "policy.onnx", joint_names=names, task=policy_task,
                              dataset_sha256=record["dataset_sha256"],
-                             version=f"policy-{record['dataset_sha256'][:8]}-s{cfg.seed}", metrics=metrics, config=cfg,
+                             version=f"policy-{record['dataset_sha256'][:8]}-s{cfg.seed}-{{onnx_sha8}}",
+                             metrics=metrics, config=cfg,
                              training_command=record.get("command"))
         written[POLICY_KIND] = load_model(path, POLICY_KIND, names, task.control_dt_s)
     if not written:
