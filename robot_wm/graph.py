@@ -185,8 +185,9 @@ def plan(
             )
         if overrides and spec.package == "robot_wm":
             params.update(overrides)
-        if spec.name == POLICY:
+        if spec.name == POLICY:  # the task, and the phase whose acceleration box its slew limit uses
             params["task"] = task
+            params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
             if enable:

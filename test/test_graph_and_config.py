@@ -166,6 +166,9 @@ def test_the_safety_filter_enables_itself_only_on_the_embedded_arm_and_stops_wit
         graph.plan("mock", enable=True)
     assert filt(graph.plan("mujoco")).parameters["default_phase"] == 0  # SIM: the embedded arm is a simulator
     assert filt(graph.plan("mock")).parameters["default_phase"] == 2  # REAL on any ros2_control hardware
+    pol = lambda specs: next(s for s in specs if s.name == "policy")  # noqa: E731
+    for hw in ("mujoco", "mock"):  # the policy's slew limit uses the same phase's acceleration box
+        assert pol(graph.plan(hw)).parameters["phase"] == filt(graph.plan(hw)).parameters["default_phase"]
     assert "default_trust_level" not in filt(graph.plan("mujoco")).parameters  # config/control.yaml: FULL
     graph_yaml = yaml.safe_load((REPO / "config" / "graph.yaml").read_text())
     graph_yaml["stack"].append({"name": "trust_monitor", "package": "robot_wm", "executable": "trust_monitor",

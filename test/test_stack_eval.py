@@ -79,9 +79,30 @@ def test_a_policy_the_filter_never_touches_has_no_interventions():
     assert report.states == {"OK": load_task().episode_steps}
 
 
+def test_a_jumping_policy_reaches_the_filter_slew_limited_and_passes_unchanged():
+    """A policy that jumps from rest to 0.8 rad/s on every joint: the policy slot's slew limit
+    (config/control.yaml command_slew_fraction, as the policy node) ramps it within the filter's
+    acceleration box, so the filter passes every period of the ramp unchanged."""
+    from robot_wm.core.slew import load_slew_fraction
+    from robot_wm.learning.stack_eval import build_stack
+
+    built = build_stack(load_task().control_dt_s)
+    assert built.slew_delta_radps is not None and load_slew_fraction() > 0
+    trace: list = []
+    report = evaluate_stack(Constant(np.full(N_JOINTS, 0.3), "jump"), "nominal", episodes=1, seed=0, trace=trace)
+    enabled = next(k for k, p in enumerate(trace) if p.enabled_after)
+    nominals = np.array([p.nominal_radps for p in trace[enabled + 1:]])
+    steps = np.abs(np.diff(nominals, axis=0))
+    assert np.all(steps <= built.slew_delta_radps + 1e-12)  # never more than one step per period
+    ramp = slice(0, 3)  # 0.3 rad/s in 3-4 steps of 0.095 (0.1425 on the wrists)
+    assert np.all(nominals[ramp] < 0.3) and np.all(nominals[6] == 0.3)
+    first = {k: v for k, v in report.constraints.items() if k.startswith("acceleration_limit")}
+    assert not first, f"the filter cut the ramp: {first}"
+
+
 def test_interventions_and_violations_are_counted_on_a_hostile_policy():
-    """Full speed at the elbow's upper limit: the filter acts (interventions > 0: the jump from zero
-    meets the acceleration box, then the braking bound) and the plant stays within its limits."""
+    """Full speed at the elbow's upper limit: the filter acts (interventions > 0: the braking bound
+    near the limit) and the plant stays within its limits."""
     report = evaluate_stack(IntoTheLimit(), "nominal", episodes=1, seed=0)
     d = report.to_dict()
     assert 0.05 < d["intervention_rate"] <= 1.0, d

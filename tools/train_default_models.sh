@@ -10,6 +10,8 @@
 # run side by side, one per core, once the datasets and world models exist (the first run makes
 # them): e.g. `tools/train_default_models.sh reach & tools/train_default_models.sh track & wait`.
 # Never run two trainings with 2 threads each on 2 cores: they oversubscribe them (10x slower).
+# Every step whose output exists (data/, runs/) is skipped: delete runs/ and data/ for a rebuild
+# from scratch; keep them to re-evaluate and re-export after a change of the stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -23,8 +25,9 @@ set -x
 
 ship() {  # task, world model checkpoint, data, run name, destination
   local task=$1 wm=$2 data=$3 name=$4 dest=$5
-  robot-wm train policy --task "$task" --data "$data" --world-model "$wm" --out "runs/policy_$name" --seed 0 \
-    --threads 1
+  [ -f "runs/policy_$name/policy.pt" ] || \
+    robot-wm train policy --task "$task" --data "$data" --world-model "$wm" --out "runs/policy_$name" --seed 0 \
+      --threads 1
   robot-wm export --world-model "$wm" --policy "runs/policy_$name/policy.pt" --out "runs/models_$name"
   for profile in nominal real_twin; do
     robot-wm eval --task "$task" --policy "runs/models_$name/policy.onnx" --profile $profile --episodes 200 \

@@ -7,7 +7,8 @@ F/T sensor and its tare, the latches — turns it into the command that is sent,
 executes it for one control period. So the numbers say what the robot would do, filter included:
 
 * the policy's nominal reaches the filter one control period after the state it was computed
-  from (``nominal_delay_periods``: separate node processes, each on its own timer);
+  from (``nominal_delay_periods``: separate node processes, each on its own timer), through the
+  policy node's slew limit (``command_slew_fraction`` of config/control.yaml, ``robot_wm.core.slew``);
 * every episode starts the way the real stack does: the filter latched at start-up, the arm at
   rest while it tares the F/T sensor, then an operator's enable (these periods are not scored);
 * **intervention rate**: the fraction of scored periods in which the filter did not pass the
@@ -133,12 +134,14 @@ class PlantCheck:
 
 @dataclass
 class Stack:
-    """The objects the nodes build: the filter's controller (with its world model) and the plant checks."""
+    """The objects the nodes build: the filter's controller (with its world model), the policy
+    node's slew limit (rad/s per period, None = off) and the plant checks."""
 
     kinematics: object
     limits: object
     world_model_path: Path
     config: object
+    slew_delta_radps: np.ndarray | None = None
 
 
 #: How long the start-up may wait for the arm to come to rest under its zero command before the
@@ -150,6 +153,7 @@ def build_stack(control_dt_s: float, models_dir: Path | None = None) -> Stack:
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety import ControllerConfig, Phase, TrustLevel, load_safety_limits
+    from robot_wm.core.slew import load_slew_fraction, slew_delta
     from robot_wm.paths import data_path
 
     urdf = description.expand()
@@ -158,7 +162,9 @@ def build_stack(control_dt_s: float, models_dir: Path | None = None) -> Stack:
     # the node's parameters on the embedded arm: config/control.yaml + graph.plan (SIM phase)
     config = ControllerConfig(dt_s=control_dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
                               default_phase=Phase.SIM, force_sensor=True)
-    return Stack(Kinematics(urdf, names), load_safety_limits(), Path(path), config)
+    limits, fraction = load_safety_limits(), load_slew_fraction()
+    slew = slew_delta(limits, control_dt_s, fraction, config.default_phase) if fraction > 0 else None
+    return Stack(Kinematics(urdf, names), limits, Path(path), config, slew)
 
 
 def evaluate_stack(
@@ -255,6 +261,7 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
                  trace: list | None = None) -> dict:
     """One episode (through the filter when ``wm`` is given: enabled by an operator after its tare)."""
     from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
+    from robot_wm.core.slew import SlewLimiter
     from robot_wm.sim import ArmSim
 
     dt, kin, cfg = task.control_dt_s, built.kinematics, built.config
@@ -262,10 +269,12 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
     sim = ArmSim(profile, seed=eps.sim_seed + i, q0_rad=eps.q0_rad[i])
     sim_steps = int(round(dt / sim.dt_s))
     t = 0.0
-    ctrl = None
+    ctrl = slew = None
     if wm is not None:
         wm.reset()
         ctrl = SafetyController(built.limits, kin, cfg, model=wm)
+        if built.slew_delta_radps is not None:  # the policy node's output stage
+            slew = SlewLimiter(built.slew_delta_radps)
 
     def period(js, nominal: np.ndarray, nominal_stamp: float):
         """One control period on the published joint state (the one the policy saw too)."""
@@ -310,6 +319,8 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         action = np.asarray(policy.act(obs), dtype=float)
         if action.shape != (n_j,) or not np.all(np.isfinite(action)):
             raise PolicyOutputError(f"policy {getattr(policy, 'name', policy)!r} returned {action.tolist()} at step {step}")
+        if slew is not None:
+            action = slew.limit(action, js.velocity_radps)
         if ctrl is None:
             res = period(js, action, t)
         else:

@@ -5,7 +5,9 @@ or ``track`` (the reference path window on /robot_wm/reference, from path_sequen
 is read for this node's current time, see ``robot_wm.core.track.ReferenceWindow``). configure
 loads and validates the model (sidecar, hash, joint order, and that it is a policy of this task);
 activate starts the control timer. Each period it reads the latest /joint_states and target,
-runs the policy and publishes the nominal joint velocity command on /robot_wm/action_nominal. It
+runs the policy, limits the command's change per period to the safety filter's acceleration box
+(``command_slew_fraction``, ``robot_wm.core.slew``) and publishes the nominal joint velocity
+command on /robot_wm/action_nominal. It
 never talks to the hardware: the safety filter is the only publisher of hardware commands. With
 a stale joint state, no goal, or a reference window that does not cover the preview it
 publishes nothing, and the filter's staleness check stops the arm.
@@ -19,6 +21,7 @@ from rclpy.lifecycle import State, TransitionCallbackReturn
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import MultiDOFJointTrajectory
 
+from robot_wm.core.slew import DEFAULT_SLEW_FRACTION
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, vector
 from robot_wm.nodes.params import declare
@@ -43,7 +46,15 @@ class PolicyNode(ControlNode):
                                        read_only=True)
         self.goal_topic = declare(self, "goal_topic", "/robot_wm/goal", "geometry_msgs/PointStamped goal (m, base frame)", read_only=True)
         self.action_topic = declare(self, "action_topic", "/robot_wm/action_nominal", "Float64MultiArray nominal command (rad/s)", read_only=True)
+        self.slew_fraction = declare(self, "command_slew_fraction", DEFAULT_SLEW_FRACTION,
+                                     "the nominal changes by at most this fraction of the safety filter's "
+                                     "acceleration box (acceleration_max * dt of config/safety.yaml, scaled for "
+                                     "the phase) per period (1; 0 = off)", range_=(0.0, 1.0), read_only=True)
+        self.phase = declare(self, "phase", 2, "deployment phase whose acceleration scale the slew limit uses "
+                             "(TrustState PHASE_*; robot_wm.graph.plan sets the safety filter's default_phase)",
+                             range_=(0, 2), read_only=True)
         self.runner = None
+        self.slew = None  # robot_wm.core.slew.SlewLimiter, or None (command_slew_fraction 0)
         self.kin = None
         self._pub = None
         self.task = None
@@ -62,6 +73,8 @@ class PolicyNode(ControlNode):
         from robot_wm.core.kinematics import Kinematics
         from robot_wm.core.onnx_model import ModelError
         from robot_wm.core.policy_runner import PolicyRunner
+        from robot_wm.core.safety import SafetyLimitsError, load_safety_limits
+        from robot_wm.core.slew import SlewLimiter, slew_delta
         from robot_wm.core.tasks import get_task
         from robot_wm.paths import data_path
 
@@ -80,7 +93,9 @@ class PolicyNode(ControlNode):
                 path = self.model_path or str(data_path(*default, must_exist=False))
                 self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
             self.kin = Kinematics(urdf, self.joint_names)
-        except (ModelError, ValueError, OSError) as exc:
+            self.slew = (SlewLimiter(slew_delta(load_safety_limits(), self.period_s, self.slew_fraction, self.phase))
+                         if self.slew_fraction > 0 else None)
+        except (ModelError, SafetyLimitsError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
         self._pub = self.create_lifecycle_publisher(Float64MultiArray, self.action_topic, 10)
@@ -90,6 +105,11 @@ class PolicyNode(ControlNode):
         else:
             self.get_logger().info(f"{self.task_name} policy {version} loaded from {path}")
         return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: State) -> TransitionCallbackReturn:
+        if self.slew is not None:
+            self.slew.reset()
+        return super().on_activate(state)
 
     def on_cleanup(self, state: State) -> TransitionCallbackReturn:
         if self._pub is not None:
@@ -154,6 +174,8 @@ class PolicyNode(ControlNode):
         except (PolicyOutputError, ValueError) as exc:
             self.get_logger().error(f"policy failed, not commanding: {exc}", throttle_duration_sec=1.0)
             return
+        if self.slew is not None:
+            action = self.slew.limit(action, qdot)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
 
 

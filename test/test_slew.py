@@ -1,0 +1,85 @@
+"""The policy slot's output stage (robot_wm.core.slew): the nominal's change per period is bounded
+by the safety filter's acceleration box, by property over random and adversarial commands."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from robot_wm.contracts import N_JOINTS
+from robot_wm.core.safety import Phase, load_safety_limits
+from robot_wm.core.slew import REANCHOR_STEPS, SlewLimiter, load_slew_fraction, slew_delta
+
+DT = 0.01
+LIMITS = load_safety_limits()
+DELTA = slew_delta(LIMITS, DT, 0.95, Phase.SIM)
+vectors = st.lists(st.floats(-3.0, 3.0), min_size=N_JOINTS, max_size=N_JOINTS).map(np.array)
+
+
+def test_the_delta_is_a_fraction_of_the_filters_acceleration_box_for_the_phase():
+    box = np.asarray(LIMITS.accel_max_radps2) * DT
+    assert np.allclose(DELTA, 0.95 * box)
+    real = slew_delta(LIMITS, DT, 0.95, Phase.REAL)
+    assert np.allclose(real, 0.95 * box * LIMITS.phase_accel_scale[Phase.REAL])  # the REAL phase's smaller box
+    assert 0.0 <= load_slew_fraction() <= 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(commands=st.lists(vectors, min_size=1, max_size=30), qdot=vectors)
+def test_every_step_stays_within_delta_of_the_previous_output(commands, qdot):
+    """Hostile command sequences (jumps of up to 6 rad/s): each output is within delta of the one
+    before (the base), the first within delta of the measured velocity, unless the base was
+    re-anchored because the arm (qdot) was left more than REANCHOR_STEPS steps behind."""
+    slew = SlewLimiter(DELTA)
+    prev = qdot
+    for u in commands:
+        out = slew.limit(u, qdot)
+        lost = np.any(np.abs(prev - qdot) > REANCHOR_STEPS * DELTA)
+        base = qdot if lost else prev
+        assert np.all(np.abs(out - base) <= DELTA + 1e-12)
+        # the closest command to u in the box: unchanged where u was reachable
+        reachable = np.abs(u - base) <= DELTA - 1e-9  # (at the edge itself the clip may round)
+        assert np.array_equal(out[reachable], u[reachable])
+        prev = out
+
+
+def test_a_jump_from_rest_ramps_at_delta_per_period_and_a_held_arm_reanchors():
+    slew = SlewLimiter(DELTA)
+    target = np.full(N_JOINTS, 1.0)
+    qdot = np.zeros(N_JOINTS)
+    outs = [slew.limit(target, qdot + 0.9 * k * DELTA) for k in range(3)]  # the arm follows a period behind
+    assert np.allclose(outs[0], DELTA) and np.allclose(outs[1], 2 * DELTA) and np.allclose(outs[2], 3 * DELTA)
+    assert slew.limited_count == 3
+    for _ in range(10):  # the filter holds the arm (e-stop): the measured velocity stays zero
+        out = slew.limit(target, np.zeros(N_JOINTS))
+    assert np.all(out <= (REANCHOR_STEPS + 1) * DELTA + 1e-12)  # not ramped on to 1 rad/s meanwhile
+    slew.reset()
+    assert np.allclose(slew.limit(-target, np.zeros(N_JOINTS)), -DELTA)
+
+
+def test_a_batch_is_limited_row_by_row():
+    slew = SlewLimiter(DELTA)
+    out = slew.limit(np.array([np.ones(N_JOINTS), -np.ones(N_JOINTS)]), np.zeros((2, N_JOINTS)))
+    assert np.allclose(out[0], DELTA) and np.allclose(out[1], -DELTA)
+
+
+@pytest.mark.parametrize("delta", [[0.1] * 5 + [0.0], [0.1] * 5 + [float("nan")], [], 0.1])
+def test_a_bad_delta_is_refused(delta):
+    with pytest.raises(ValueError, match="delta_radps"):
+        SlewLimiter(delta)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5, float("nan")])
+def test_a_bad_fraction_is_refused(fraction):
+    with pytest.raises(ValueError, match="slew fraction"):
+        slew_delta(LIMITS, DT, fraction)
+
+
+def test_a_bad_config_value_names_the_file_and_field(tmp_path):
+    path = tmp_path / "control.yaml"
+    path.write_text("policy:\n  ros__parameters:\n    command_slew_fraction: 2.0\n")
+    with pytest.raises(ValueError, match="command_slew_fraction=2.0"):
+        load_slew_fraction(path)
+    path.write_text("policy:\n  ros__parameters: {}\n")
+    assert load_slew_fraction(path) == 0.95
