@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from robot_wm.core.safety.barriers import Workspace, accel_box, brake_speed
 from robot_wm.core.safety.layout import RowLayout
 from robot_wm.core.safety.limits import SafetyLimits
 from robot_wm.core.safety.types import (
+    QpSnapshot,
     OSQP_INFEASIBLE,
     OSQP_SOLVED,
     OSQP_SOLVED_INACCURATE,
@@ -60,27 +60,9 @@ AGE_WINDOW = 10
 #: reaches 0.85 m; every second derivative of a point position is bounded by its distance from an axis.
 REACH_M = 1.0
 
-#: The tool-speed rows' look-ahead margin is at most this fraction of the limit.
-SPEED_MARGIN_MAX_FRACTION = 0.25
-
 #: Above the force limit the tool must move away from the contact at least this fast (m/s); when
 #: the other limits do not allow that, the filter stops the arm instead.
 FORCE_RETREAT_MPS = 0.01
-
-
-@dataclass(frozen=True)
-class QpSnapshot:
-    """The QP of the latest solved period as the solver saw it (for benchmarks and comparisons).
-
-    minimize ½ uᵀu − uᵀu_nom + ½ w ‖s‖² subject to l <= A [u; s] <= u_bound, with ``u_nom = −q[:n]``.
-    """
-
-    A: np.ndarray  # (m, nx) dense
-    l: np.ndarray  # (m,) lower bounds (QP margins applied)
-    u: np.ndarray  # (m,) upper bounds
-    q: np.ndarray  # (nx,) linear cost
-    slack_weight: float
-    layout: RowLayout
 
 
 def _short(joint: str) -> str:
@@ -421,7 +403,8 @@ class SafetyFilter:
         # then one period): the bound is lowered by how much the previous command's tool speed
         # grows over that horizon, so that it holds at the posture where the command ends too.
         self._tool_speed_lim = lim.tool_speed_max_mps * s_v
-        self._speed_margin = self._speed_growth(q, jt, u_prev)
+        self._speed_margin = 0.0 if not np.any(u_prev) else speed_polytope.speed_growth(
+            jt, self._tool_jacobian(q + u_prev * (self._coast_s + dt)), u_prev, self._tool_speed_lim)
         A[lay.speed, :n] = speed_polytope.speed_rows(jt, u_nom)
         u[lay.speed] = (self._tool_speed_lim - self._speed_margin) * speed_polytope.SPEED_POLYTOPE_COS
 
@@ -455,21 +438,6 @@ class SafetyFilter:
         self._qp_bounds()
         self._q[:n] = -u_nom
         return None
-
-    def _speed_growth(self, q: np.ndarray, jac_tool: np.ndarray, u_prev: np.ndarray) -> float:
-        """How much the previous command's tool speed grows while the arm moves on with it, m/s.
-
-        The posture at the end of the horizon (coast time + one period) along ``u_prev``; the growth
-        ‖J(q_end) u_prev‖ − ‖J(q) u_prev‖ is the margin the tool-speed rows keep (the command lies
-        in the acceleration box around ``u_prev``, so its growth is the same to first order). At
-        most ``SPEED_MARGIN_MAX_FRACTION`` of the limit: near a singularity the estimate is poor.
-        """
-        if not np.any(u_prev):
-            return 0.0
-        v_now = jac_tool @ u_prev
-        v_end = self._tool_jacobian(q + u_prev * (self._coast_s + self.dt_s)) @ u_prev
-        growth = math.sqrt(float(v_end @ v_end)) - math.sqrt(float(v_now @ v_now))
-        return min(max(growth, 0.0), SPEED_MARGIN_MAX_FRACTION * self._tool_speed_lim)
 
     def _conflict_text(self, conflict: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> str:
         i = int(np.argmax(conflict))

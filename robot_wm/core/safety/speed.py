@@ -57,3 +57,21 @@ def speed_rows(jac_tool: np.ndarray, u_nominal: np.ndarray) -> np.ndarray:
     speed = math.sqrt(float(v_nom @ v_nom))
     rotated = jac_tool if speed <= 1e-9 else rotation_to(VERTEX_DIR, v_nom / speed).T @ jac_tool
     return SPEED_DIRECTIONS @ rotated
+
+
+#: The look-ahead margin of the tool-speed rows is at most this fraction of the limit.
+SPEED_MARGIN_MAX_FRACTION = 0.25
+
+
+def speed_growth(jac_now: np.ndarray, jac_end: np.ndarray, u_prev: np.ndarray, limit_mps: float) -> float:
+    """How much the previous command's tool speed grows while the arm moves on with it, m/s.
+
+    ``jac_end`` is the tool Jacobian at the posture where the command ends (the coast time and one
+    period along ``u_prev``); the growth ‖J_end u_prev‖ − ‖J_now u_prev‖ is the margin the
+    tool-speed rows keep (the new command lies in the acceleration box around ``u_prev``, so its
+    growth is the same to first order). Clipped to [0, SPEED_MARGIN_MAX_FRACTION × limit]: near a
+    singularity the estimate is poor.
+    """
+    v_now, v_end = jac_now @ u_prev, jac_end @ u_prev
+    growth = math.sqrt(float(v_end @ v_end)) - math.sqrt(float(v_now @ v_now))
+    return min(max(growth, 0.0), SPEED_MARGIN_MAX_FRACTION * limit_mps)

@@ -209,3 +209,18 @@ class FilterOutput:
     def is_stop(self) -> bool:
         """True when the command is a controlled stop (or zero) rather than a filtered command."""
         return self.state not in RUNNING_STATES
+
+
+@dataclass(frozen=True)
+class QpSnapshot:
+    """The QP of the latest solved period as the solver saw it (for benchmarks and comparisons).
+
+    minimize ½ uᵀu − uᵀu_nom + ½ w ‖s‖² subject to l <= A [u; s] <= u_bound, with ``u_nom = −q[:n]``.
+    """
+
+    A: np.ndarray  # (m, nx) dense
+    l: np.ndarray  # (m,) lower bounds (QP margins applied)
+    u: np.ndarray  # (m,) upper bounds
+    q: np.ndarray  # (nx,) linear cost
+    slack_weight: float
+    layout: Any  # robot_wm.core.safety.layout.RowLayout
