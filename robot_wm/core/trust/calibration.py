@@ -1,0 +1,158 @@
+"""Calibrated thresholds for the trust monitor: conformal quantiles of normal operation.
+
+``calibrate`` takes the smoothed signals of a run of normal operation (a recorded bag or a
+library-mode run on a chosen profile) and returns, per signal, the split-conformal quantile at
+level ``1 − exceedance``: the ⌈(n + 1)(1 − α)⌉-th smallest of the n calibration values. On data
+exchangeable with the calibration run, a period's smoothed signal exceeds it with probability at
+most α (with autocorrelated, smoothed streams the bound holds for the stationary marginal, which is
+what the false-alarm benchmark checks on held-out data). A signal that is rarely non-zero in
+normal operation (the filter's interventions) gets the threshold's floor instead.
+
+An anomaly needs two signals over their thresholds at once for ``min_duration_s``: for independent
+signals the false-alarm rate is then about the product of the two exceedances, which is why each
+can be calibrated at a moderate α from minutes of data.
+
+The result is a ``Calibration``: thresholds, the model version it is valid for, where the data
+came from, and when; saved as JSON with an atomic write (``save``), refused on load when it does
+not match the running model (``load``). numpy only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from robot_wm.core.trust.signals import SIGNALS, Signal
+
+CALIBRATION_FORMAT = "robot_wm-trust-calibration/1"
+
+
+class CalibrationError(ValueError):
+    """A calibration cannot be made or used; the message names the file, field or signal."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Thresholds per signal (smoothed, dimensionless) and their provenance.
+
+    Attributes:
+        thresholds: signal name -> threshold on its smoothed value.
+        exceedance: the per-signal exceedance α the quantiles were taken at.
+        model_version: the world model version the prediction error was measured with.
+        source: what the normal data was (a bag path, "library:<profile>", ...).
+        periods: calibration periods per signal.
+        created_unix_s: when it was made.
+    """
+
+    thresholds: dict[str, float]
+    exceedance: float
+    model_version: str
+    source: str
+    periods: int
+    created_unix_s: float = field(default_factory=time.time)
+
+    def threshold(self, signal: Signal) -> float:
+        return self.thresholds[Signal(signal).value]
+
+
+def conformal_quantile(values: np.ndarray, exceedance: float) -> float:
+    """The split-conformal (1 − α) quantile of ``values``: the ⌈(n + 1)(1 − α)⌉-th smallest.
+
+    Raises:
+        CalibrationError: α outside (0, 1), non-finite values, or too few values for α (n + 1 < 1/α).
+    """
+    if not (0.0 < exceedance < 1.0):
+        raise CalibrationError(f"exceedance {exceedance!r}: expected a probability in (0, 1)")
+    v = np.asarray(values, dtype=float).ravel()
+    if v.size == 0 or not np.all(np.isfinite(v)):
+        raise CalibrationError(f"{v.size} calibration values, some not finite: expected finite values")
+    k = math.ceil((v.size + 1) * (1.0 - exceedance))
+    if k > v.size:
+        raise CalibrationError(f"{v.size} calibration periods are too few for exceedance {exceedance:g}: "
+                               f"need at least {math.ceil(1.0 / exceedance) - 1}")
+    return float(np.partition(v, k - 1)[k - 1])
+
+
+def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[str, float], *,
+              model_version: str, source: str) -> Calibration:
+    """Thresholds from smoothed normal-operation streams (one array per signal).
+
+    Args:
+        streams: signal name -> smoothed values, one per period (all signals required).
+        exceedance: per-signal exceedance α.
+        floors: signal name -> the smallest threshold allowed (config).
+        model_version, source: provenance, kept in the result.
+    Raises:
+        CalibrationError: a signal missing, or what ``conformal_quantile`` raises (naming the signal).
+    """
+    thresholds = {}
+    for sig in SIGNALS:
+        if sig.value not in streams:
+            raise CalibrationError(f"calibration: no values for signal {sig.value!r}")
+        try:
+            q = conformal_quantile(streams[sig.value], exceedance)
+        except CalibrationError as exc:
+            raise CalibrationError(f"signal {sig.value!r}: {exc}") from exc
+        thresholds[sig.value] = max(q, float(floors.get(sig.value, 0.0)))
+    n = min(int(np.asarray(s).size) for s in streams.values())
+    return Calibration(thresholds, float(exceedance), str(model_version), str(source), n)
+
+
+def save(calibration: Calibration, path: Path) -> Path:
+    """Write ``calibration`` as JSON atomically (a temporary file renamed over ``path``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"format": CALIBRATION_FORMAT, **asdict(calibration)}
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load(path: Path, model_version: str | None = None) -> Calibration:
+    """Read a calibration; refuse one for another world model (``model_version`` given).
+
+    Raises:
+        CalibrationError: missing or malformed file, unknown format, a missing or non-positive
+            threshold, or a model version mismatch (the message names the file and the field).
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"{path}: cannot read the trust calibration: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
+        raise CalibrationError(f"{path}: not a trust calibration (format {CALIBRATION_FORMAT!r})")
+    thresholds = doc.get("thresholds")
+    if not isinstance(thresholds, dict):
+        raise CalibrationError(f"{path}: field 'thresholds' missing")
+    for sig in SIGNALS:
+        t = thresholds.get(sig.value)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+            raise CalibrationError(f"{path}: thresholds.{sig.value}={t!r}: expected a positive number")
+    if model_version is not None and doc.get("model_version") != model_version:
+        raise CalibrationError(f"{path}: calibrated for world model {doc.get('model_version')!r}, the running one is "
+                               f"{model_version!r}: run `robot-wm trust calibrate` again")
+    try:
+        return Calibration({k: float(thresholds[k]) for k in (s.value for s in SIGNALS)}, float(doc["exceedance"]),
+                           str(doc["model_version"]), str(doc["source"]), int(doc["periods"]),
+                           float(doc.get("created_unix_s", 0.0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CalibrationError(f"{path}: malformed trust calibration: {exc}") from exc
+
+
+__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "calibrate", "conformal_quantile", "load", "save"]

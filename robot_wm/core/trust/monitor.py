@@ -1,0 +1,234 @@
+"""TrustMonitor: one control period of the trust monitor, from the period's signals to a TrustState.
+
+    monitor = TrustMonitor(TrustConfig(), calibration)
+    out = monitor.step(t_s, prediction_error=e, disagreement=d, intervened=filter_changed_command)
+    publish(out.level, out.score, out.normalized_error, out.threshold, out.reason)
+
+Levels (``TrustLevel``) and how they move::
+
+    evidence (persistent = over its threshold for min_duration_s without a break):
+      no signal persistent              -> FULL
+      one signal persistent             -> CAUTIOUS, or SLOW when it is over by slow_ratio or more
+      two or more signals persistent    -> STOP (an anomaly: two independent signals agree)
+      no prediction for stale_s         -> STOP ("no prediction")
+
+    FULL ─┬─ evidence worse: at once ──► CAUTIOUS / SLOW / STOP
+          ▲
+          └── evidence better for clean_hold_s: one level up (STOP -> SLOW -> CAUTIOUS -> FULL)
+
+    STOP for longer than human_after_s, or any anomaly while ``human_on_anomaly`` -> HUMAN:
+    held until ``acknowledge()`` (an operator), and even then only once the evidence is clean.
+
+Levels step down at once and up only after a clean hold, one at a time, so a single odd sample
+never stops the arm and a recovery is never a jump. numpy only (no rclpy).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust.calibration import Calibration
+from robot_wm.core.trust.signals import SIGNALS, Ewma, Signal
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """How the monitor smooths and judges its signals (config/trust.yaml).
+
+    Attributes:
+        tau_s: EWMA time constant of (prediction_error, disagreement, intervention), s.
+        min_duration_s: a signal must stay over its threshold this long to count.
+        slow_ratio: one persistent signal at this multiple of its threshold or more -> SLOW.
+        clean_hold_s: better evidence must last this long before the level steps up by one.
+        human_after_s: STOP lasting longer than this -> HUMAN.
+        stale_s: no prediction for this long -> STOP.
+        human_on_anomaly: an anomaly calls a human at once (the MIXED phase: operator standing by).
+        clip_ratio: a sample enters its EWMA clipped to this multiple of its threshold, so one wild
+            sample moves the smoothed signal by at most (1 − e^(−dt/τ)) · clip_ratio · threshold
+            (a spike must not outlast min_duration_s by its own decay), while a persistent shift
+            still drives it past the threshold.
+    """
+
+    tau_s: tuple[float, float, float] = (0.03, 0.05, 0.5)
+    min_duration_s: float = 0.03
+    slow_ratio: float = 2.0
+    clean_hold_s: float = 2.0
+    human_after_s: float = 5.0
+    stale_s: float = 0.1
+    human_on_anomaly: bool = False
+    clip_ratio: float = 3.0
+
+    def __post_init__(self) -> None:
+        if len(self.tau_s) != len(SIGNALS) or not all(math.isfinite(t) and t > 0 for t in self.tau_s):
+            raise ValueError(f"TrustConfig.tau_s={self.tau_s!r}: expected {len(SIGNALS)} positive time constants (s) "
+                             f"for {[s.value for s in SIGNALS]}")
+        for name in ("min_duration_s", "clean_hold_s", "human_after_s", "stale_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"TrustConfig.{name}={v!r}: expected a duration >= 0 (s)")
+        for name in ("slow_ratio", "clip_ratio"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 1.0):
+                raise ValueError(f"TrustConfig.{name}={v!r}: expected a ratio >= 1")
+
+
+@dataclass(frozen=True)
+class TrustOutput:
+    """One period's verdict (the fields of msg/TrustState.msg but the phase).
+
+    Attributes:
+        level: the level in force.
+        evidence: what this period's signals alone would give (before hold times and latches).
+        score: 1 / (1 + r²), r = the largest smoothed signal / threshold ratio (1 = all quiet).
+        normalized_error: the smoothed prediction error (RMS z-score, ~1 when calibrated).
+        threshold: its calibrated threshold.
+        ratios: signal name -> smoothed value / threshold.
+        reason: why the level is what it is, for a person.
+    """
+
+    level: TrustLevel
+    evidence: TrustLevel
+    score: float
+    normalized_error: float
+    threshold: float
+    ratios: dict[str, float]
+    reason: str
+
+
+class TrustMonitor:
+    """The trust level from smoothed, calibrated signals; see the module docstring for the rules.
+
+    Args:
+        config: smoothing and timing (``TrustConfig``).
+        calibration: the thresholds (``robot_wm.core.trust.calibration``).
+    """
+
+    def __init__(self, config: TrustConfig, calibration: Calibration) -> None:
+        self.config = config
+        self.calibration = calibration
+        self._ewma = {sig: Ewma(tau, initial=0.0) for sig, tau in zip(SIGNALS, config.tau_s)}
+        self._over_since: dict[Signal, float | None] = {sig: None for sig in SIGNALS}
+        self._last_t: float | None = None
+        self._last_prediction_t: float | None = None
+        self._better_since: float | None = None
+        self._stop_since: float | None = None
+        self.level = TrustLevel.FULL
+        self.human_reason = ""
+        self.anomalies = 0  # anomaly onsets (evidence STOP after a period without)
+        self._was_anomaly = False
+
+    # ------------------------------------------------------------------ operator
+    def acknowledge(self) -> tuple[bool, str]:
+        """An operator releases HUMAN; refused while the evidence is not clean (FULL)."""
+        if self.level != TrustLevel.HUMAN:
+            return False, f"trust level is {self.level.name}, not HUMAN: nothing to acknowledge"
+        evidence = self._evidence(self._last_t or 0.0)[0]
+        if evidence != TrustLevel.FULL:
+            return False, f"evidence still {evidence.name}: {self._reason(self._last_t or 0.0)}"
+        self.level, self.human_reason = TrustLevel.STOP, ""
+        self._better_since = self._stop_since = self._last_t
+        return True, "HUMAN acknowledged: STOP, stepping up after the clean hold"
+
+    def set_calibration(self, calibration: Calibration) -> None:
+        """New thresholds (after a model swap or a recalibration); the smoothing state is kept."""
+        self.calibration = calibration
+
+    # ------------------------------------------------------------------ the period
+    def step(self, t_s: float, *, prediction_error: float | None, disagreement: float | None,
+             intervened: bool | None) -> TrustOutput:
+        """One period: update the signals given (None: not available this period), return the verdict."""
+        cfg = self.config
+        dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)  # the first sample has no weight
+        self._last_t = t_s
+        values = {Signal.PREDICTION_ERROR: prediction_error, Signal.DISAGREEMENT: disagreement,
+                  Signal.INTERVENTION: None if intervened is None else float(bool(intervened))}
+        if prediction_error is not None:
+            self._last_prediction_t = t_s
+        for sig, x in values.items():
+            if x is not None and math.isfinite(x):
+                self._ewma[sig].update(min(x, cfg.clip_ratio * self.calibration.threshold(sig)), dt)
+            over = self._ratio(sig) > 1.0
+            if not over:
+                self._over_since[sig] = None
+            elif self._over_since[sig] is None:
+                self._over_since[sig] = t_s
+        evidence, anomaly = self._evidence(t_s)
+        if anomaly and not self._was_anomaly:
+            self.anomalies += 1
+        self._was_anomaly = anomaly
+        self._move(t_s, evidence, anomaly)
+        ratios = {sig.value: self._ratio(sig) for sig in SIGNALS}
+        worst = max(ratios.values())
+        e = self._ewma[Signal.PREDICTION_ERROR].value
+        return TrustOutput(self.level, evidence, 1.0 / (1.0 + worst * worst), math.nan if e is None else e,
+                           self.calibration.threshold(Signal.PREDICTION_ERROR), ratios, self._reason(t_s))
+
+    # ------------------------------------------------------------------ pieces
+    def _ratio(self, sig: Signal) -> float:
+        v = self._ewma[sig].value
+        return 0.0 if v is None else v / self.calibration.threshold(sig)
+
+    def _persistent(self, t_s: float) -> list[Signal]:
+        return [sig for sig, since in self._over_since.items()
+                if since is not None and t_s - since >= self.config.min_duration_s]
+
+    def _evidence(self, t_s: float) -> tuple[TrustLevel, bool]:
+        """(level the signals alone give, whether it is an anomaly)."""
+        if self._last_prediction_t is None or t_s - self._last_prediction_t > self.config.stale_s:
+            return TrustLevel.STOP, False
+        persistent = self._persistent(t_s)
+        if len(persistent) >= 2:
+            return TrustLevel.STOP, True
+        if len(persistent) == 1:
+            slow = self._ratio(persistent[0]) >= self.config.slow_ratio
+            return (TrustLevel.SLOW if slow else TrustLevel.CAUTIOUS), False
+        return TrustLevel.FULL, False
+
+    def _move(self, t_s: float, evidence: TrustLevel, anomaly: bool) -> None:
+        cfg = self.config
+        if self.level == TrustLevel.HUMAN:
+            return  # only acknowledge() leaves it
+        if anomaly and cfg.human_on_anomaly:
+            self._to_human(f"anomaly: {self._reason(t_s)}")
+            return
+        if evidence > self.level:  # worse: at once
+            self.level, self._better_since = evidence, None
+        elif evidence < self.level:  # better: one level after the clean hold
+            if self._better_since is None:
+                self._better_since = t_s
+            elif t_s - self._better_since >= cfg.clean_hold_s:
+                self.level = TrustLevel(int(self.level) - 1)
+                self._better_since = t_s if evidence < self.level else None
+        else:
+            self._better_since = None
+        if self.level == TrustLevel.STOP:
+            self._stop_since = t_s if self._stop_since is None else self._stop_since
+            if t_s - self._stop_since > cfg.human_after_s:
+                self._to_human(f"STOP for more than {cfg.human_after_s:g} s: {self._reason(t_s)}")
+        else:
+            self._stop_since = None
+
+    def _to_human(self, why: str) -> None:
+        self.level, self.human_reason = TrustLevel.HUMAN, why
+        self._better_since = None
+
+    def _reason(self, t_s: float) -> str:
+        if self.level == TrustLevel.HUMAN and self.human_reason:
+            return f"HUMAN (operator must acknowledge): {self.human_reason}"
+        if self._last_prediction_t is None or t_s - self._last_prediction_t > self.config.stale_s:
+            return "no world-model prediction" + ("" if self._last_prediction_t is None else
+                                                  f" for {t_s - self._last_prediction_t:.3g} s")
+        parts = []
+        for sig in SIGNALS:
+            v = self._ewma[sig].value
+            if v is None:
+                continue
+            th = self.calibration.threshold(sig)
+            since = self._over_since[sig]
+            parts.append(f"{sig.value} {v:.3g} > {th:.3g} for {t_s - since:.2g} s" if since is not None
+                         else f"{sig.value} {v:.3g} <= {th:.3g}")
+        return "; ".join(parts) or "no signals yet"
+
+
+__all__ = ["TrustConfig", "TrustMonitor", "TrustOutput"]

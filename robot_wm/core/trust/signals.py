@@ -1,0 +1,84 @@
+"""The trust monitor's per-period signals, from what the world model predicted and what happened.
+
+Each control period the world model predicted the state measured now (mean, epistemic and
+aleatoric std, one period earlier, for the command actually sent); the monitor turns the pair
+into three dimensionless signals, each about 1 or below in normal operation:
+
+* ``prediction_error``: the RMS z-score ``sqrt(mean(((x − μ) / σ)²))`` over the state (q, q̇),
+  σ² = epistemic² + aleatoric² (a diagonal Mahalanobis distance per dimension: 1 when the model's
+  uncertainty is calibrated, larger when reality leaves it — a payload, friction, latency);
+* ``disagreement``: the RMS over the velocities of epistemic / aleatoric std: how much more the
+  ensemble members disagree than the noise they expect (large where the model has not seen such
+  states, whatever happened);
+* ``intervention``: 1 for a period in which the safety filter changed the command, else 0.
+
+``Ewma`` smooths each of them (an exponentially weighted mean with a time constant in seconds):
+chosen over CUSUM because it needs no assumed size of the shift, answers within a few time
+constants to any persistent change, and its steady-state spread is known, which is what the
+conformal calibration (``calibration.py``) quantiles. numpy only.
+"""
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+import numpy as np
+
+#: Floor on a predicted std (a model that claims zero noise would make every error infinite).
+MIN_STD = 1e-6
+
+
+class Signal(str, Enum):
+    """The monitor's signals (names used in config and calibration files)."""
+
+    PREDICTION_ERROR = "prediction_error"
+    DISAGREEMENT = "disagreement"
+    INTERVENTION = "intervention"
+
+
+SIGNALS = tuple(Signal)
+
+
+def prediction_error(predicted: np.ndarray, epistemic_std: np.ndarray, aleatoric_std: np.ndarray,
+                     measured: np.ndarray) -> float:
+    """RMS z-score of ``measured`` under the predicted Gaussian (all arrays the same shape)."""
+    std = np.sqrt(np.square(epistemic_std) + np.square(aleatoric_std))
+    z = (np.asarray(measured, dtype=float) - predicted) / np.maximum(std, MIN_STD)
+    return math.sqrt(float(np.mean(z * z)))
+
+
+def disagreement(epistemic_std: np.ndarray, aleatoric_std: np.ndarray) -> float:
+    """RMS of epistemic / aleatoric std (dimensionless)."""
+    ratio = np.asarray(epistemic_std, dtype=float) / np.maximum(aleatoric_std, MIN_STD)
+    return math.sqrt(float(np.mean(ratio * ratio)))
+
+
+class Ewma:
+    """Exponentially weighted moving average with a time constant ``tau_s`` (s).
+
+    ``update(x, dt_s)`` weighs the new sample by ``1 − exp(−dt / τ)``, so a late period counts for
+    the time it covers. Without an ``initial`` value the first sample initialises the mean; the
+    monitor starts its signals at 0 (quiet), so that a wild first sample is smoothed like any other.
+    """
+
+    def __init__(self, tau_s: float, initial: float | None = None) -> None:
+        if not (math.isfinite(tau_s) and tau_s > 0):
+            raise ValueError(f"tau_s={tau_s!r}: expected a positive time constant (s)")
+        self.tau_s = float(tau_s)
+        self.initial = initial
+        self.value: float | None = initial
+
+    def update(self, x: float, dt_s: float) -> float:
+        """Add a sample covering ``dt_s`` seconds; return the new mean."""
+        if self.value is None:
+            self.value = float(x)
+        else:
+            alpha = 1.0 - math.exp(-max(float(dt_s), 0.0) / self.tau_s)
+            self.value += alpha * (float(x) - self.value)
+        return self.value
+
+    def reset(self) -> None:
+        self.value = self.initial
+
+
+__all__ = ["MIN_STD", "SIGNALS", "Ewma", "Signal", "disagreement", "prediction_error"]

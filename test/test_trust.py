@@ -1,0 +1,177 @@
+"""The trust monitor's core (robot_wm.core.trust): conformal thresholds reach their exceedance on
+held-out data, the two-signal persistence ignores single spikes, the level state machine never
+gains autonomy without the stated evidence."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust import (
+    SIGNALS,
+    Calibration,
+    CalibrationError,
+    Ewma,
+    TrustConfig,
+    TrustMonitor,
+    calibrate,
+    conformal_quantile,
+    disagreement,
+    prediction_error,
+)
+from robot_wm.core.trust import calibration as calib_io
+
+DT = 0.01
+THRESHOLDS = {"prediction_error": 2.0, "disagreement": 1.0, "intervention": 0.2}
+CAL = Calibration(THRESHOLDS, 1e-3, "wm-test", "test", 10_000)
+
+
+def _run(monitor, samples, t0=0.0):
+    """Feed (e, d, intervened) triples one period apart; return the outputs."""
+    return [monitor.step(t0 + k * DT, prediction_error=e, disagreement=d, intervened=i)
+            for k, (e, d, i) in enumerate(samples)]
+
+
+# ------------------------------------------------------------------------------- calibration
+def test_conformal_thresholds_reach_their_exceedance_on_held_out_data():
+    """The split-conformal guarantee is on average over calibration sets: over 100 sets of 20/α
+    values each, the held-out exceedance is at most α within the sampling noise (2 % of α here), and
+    not far below it (no waste)."""
+    rng = np.random.default_rng(0)
+    for alpha in (0.1, 0.01, 0.002):
+        n = int(20 / alpha)
+        rates = [np.mean(rng.gamma(2.0, 1.0, 5 * n) > conformal_quantile(rng.gamma(2.0, 1.0, n), alpha))
+                 for _ in range(100)]
+        assert 0.85 * alpha <= np.mean(rates) <= 1.1 * alpha, (alpha, np.mean(rates))
+
+
+def test_too_little_data_for_the_exceedance_is_refused_naming_the_signal():
+    with pytest.raises(CalibrationError, match="too few for exceedance 0.001: need at least 999"):
+        conformal_quantile(np.ones(500), 1e-3)
+    streams = {s.value: np.ones(5000) for s in SIGNALS}
+    del streams["disagreement"]
+    with pytest.raises(CalibrationError, match="'disagreement'"):
+        calibrate(streams, 1e-3, {}, model_version="v", source="s")
+
+
+def test_a_signal_that_is_never_nonzero_gets_its_floor():
+    streams = {"prediction_error": np.linspace(0.5, 1.5, 5000), "disagreement": np.full(5000, 0.3),
+               "intervention": np.zeros(5000)}
+    cal = calibrate(streams, 1e-2, {"intervention": 0.05}, model_version="wm-1", source="library:nominal")
+    assert cal.thresholds["intervention"] == 0.05 and 1.4 < cal.thresholds["prediction_error"] <= 1.5
+
+
+def test_a_calibration_round_trips_and_is_refused_for_another_model(tmp_path):
+    path = calib_io.save(CAL, tmp_path / "trust" / "calibration.json")
+    assert calib_io.load(path, "wm-test") == CAL
+    with pytest.raises(CalibrationError, match="calibrated for world model 'wm-test'.*'wm-other'"):
+        calib_io.load(path, "wm-other")
+    doc = json.loads(path.read_text())
+    doc["thresholds"]["disagreement"] = -1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="thresholds.disagreement=-1"):
+        calib_io.load(path)
+    with pytest.raises(CalibrationError, match="cannot read"):
+        calib_io.load(tmp_path / "missing.json")
+    assert not list((tmp_path / "trust").glob("*.tmp"))  # the atomic write leaves nothing behind
+
+
+# ------------------------------------------------------------------------------- signals
+def test_the_signals_are_one_when_the_model_is_calibrated():
+    rng = np.random.default_rng(1)
+    std_e, std_a = np.full(12, 0.003), np.full(12, 0.004)
+    errs = [prediction_error(np.zeros(12), std_e, std_a, rng.normal(0, 0.005, 12)) for _ in range(4000)]
+    assert 0.95 < float(np.sqrt(np.mean(np.square(errs)))) < 1.05
+    assert disagreement(std_e, std_a) == pytest.approx(0.75)
+    assert prediction_error(np.zeros(2), np.zeros(2), np.zeros(2), np.ones(2)) == pytest.approx(1e6)  # std floored
+
+
+def test_the_ewma_weighs_a_sample_by_the_time_it_covers():
+    f = Ewma(0.05)
+    f.update(0.0, DT)
+    f.update(1.0, DT)
+    one = f.value
+    g = Ewma(0.05)
+    g.update(0.0, DT)
+    g.update(1.0, 3 * DT)  # a late period counts for three
+    assert g.value > one > 0.0
+    with pytest.raises(ValueError, match="tau_s"):
+        Ewma(0.0)
+
+
+# ------------------------------------------------------------------------------- levels
+def test_single_spikes_never_stop_the_arm():
+    """One wild sample in both signals at once, every half second: never STOP, never below CAUTIOUS
+    for long; a persistent error in one signal slows the arm, in two it stops it."""
+    m = TrustMonitor(TrustConfig(), CAL)
+    quiet = [(1.0, 0.5, False)] * 49
+    outs = _run(m, ([(50.0, 20.0, True)] + quiet) * 10)
+    assert all(o.level <= TrustLevel.CAUTIOUS for o in outs) and m.anomalies == 0
+    m = TrustMonitor(TrustConfig(), CAL)
+    outs = _run(m, [(1.0, 0.5, False)] * 20 + [(6.0, 0.5, False)] * 30)  # prediction error only, 3x
+    assert outs[-1].level == TrustLevel.SLOW and "prediction_error" in outs[-1].reason
+    outs = _run(m, [(6.0, 3.0, False)] * 30, t0=0.5)  # and the ensemble disagrees: an anomaly
+    assert outs[-1].level == TrustLevel.STOP and m.anomalies == 1
+
+
+def test_levels_step_up_one_at_a_time_after_the_clean_hold_and_human_needs_an_operator():
+    cfg = TrustConfig(clean_hold_s=0.5, human_after_s=1.0)
+    m = TrustMonitor(cfg, CAL)
+    _run(m, [(6.0, 3.0, True)] * 20)
+    assert m.level == TrustLevel.STOP
+    outs = _run(m, [(1.0, 0.5, False)] * 200, t0=0.2)
+    levels = [o.level for o in outs]
+    changes = [(a, b) for a, b in zip(levels, levels[1:]) if a != b]
+    assert changes == [(TrustLevel.STOP, TrustLevel.SLOW), (TrustLevel.SLOW, TrustLevel.CAUTIOUS),
+                       (TrustLevel.CAUTIOUS, TrustLevel.FULL)]
+    # a STOP that lasts past human_after_s calls a human, who is refused while the evidence is bad
+    outs = _run(m, [(6.0, 3.0, True)] * 150, t0=2.5)
+    assert outs[-1].level == TrustLevel.HUMAN and "acknowledge" in outs[-1].reason
+    assert m.acknowledge()[0] is False
+    _run(m, [(1.0, 0.5, False)] * 300, t0=4.0)
+    assert m.level == TrustLevel.HUMAN  # clean evidence alone never leaves HUMAN
+    ok, message = m.acknowledge()
+    assert ok and m.level == TrustLevel.STOP, message
+
+
+def test_no_prediction_is_a_stop():
+    m = TrustMonitor(TrustConfig(stale_s=0.1), CAL)
+    out = m.step(0.0, prediction_error=None, disagreement=None, intervened=False)
+    assert out.level == TrustLevel.STOP and "no world-model prediction" in out.reason
+    _run(m, [(1.0, 0.5, False)] * 5, t0=0.01)
+    outs = _run(m, [(None, None, False)] * 20, t0=0.06)
+    assert outs[-1].evidence == TrustLevel.STOP and "no world-model prediction for" in outs[-1].reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(st.tuples(st.floats(0.0, 20.0), st.floats(0.0, 5.0), st.booleans()), min_size=1, max_size=400),
+       human_on_anomaly=st.booleans())
+def test_no_path_gains_autonomy_without_a_clean_hold(events, human_on_anomaly):
+    """Over random event sequences: the level never rises by more than one at a time, and only
+    after clean_hold_s of evidence better than the level; HUMAN is never left without an operator."""
+    cfg = TrustConfig(clean_hold_s=0.2, human_after_s=0.5, human_on_anomaly=human_on_anomaly)
+    m = TrustMonitor(cfg, CAL)
+    better_since = None
+    prev = m.level
+    for k, (e, d, i) in enumerate(events):
+        t = k * DT
+        out = m.step(t, prediction_error=e, disagreement=d, intervened=i)
+        if out.level < prev:
+            assert prev != TrustLevel.HUMAN
+            assert int(prev) - int(out.level) == 1
+            assert better_since is not None and t - better_since >= cfg.clean_hold_s - 1e-9
+        better_since = (better_since if better_since is not None else t) if out.evidence < out.level else None
+        if out.level != prev:
+            better_since = t if out.evidence < out.level else None
+        prev = out.level
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="tau_s"):
+        TrustConfig(tau_s=(0.1, 0.1))
+    with pytest.raises(ValueError, match="slow_ratio"):
+        TrustConfig(slow_ratio=0.5)
