@@ -39,11 +39,12 @@ def _nodes(context):
     composed = LaunchConfiguration("composed").perform(context).lower() in ("true", "1", "yes")
     enable = LaunchConfiguration("enable").perform(context).lower() in ("true", "1", "yes")
     task = LaunchConfiguration("task").perform(context)
+    trust = LaunchConfiguration("trust").perform(context).lower() in ("true", "1", "yes")
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else {}
     overrides.update(graph.policy_overrides(task, "bringup"))
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
-                           enable=enable, task=task):
+                           enable=enable, task=task, trust=trust):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
         if spec.composes and inline:
@@ -82,6 +83,8 @@ def generate_launch_description():
         DeclareLaunchArgument("enable", default_value="false",
                               description="the safety filter enables itself (hardware:=mujoco only; "
                                           "otherwise an operator calls /robot_wm/reset_estop)"),
+        DeclareLaunchArgument("trust", default_value="true",
+                              description="the trust monitor judges the world model and feeds the filter's trust level"),
         DeclareLaunchArgument("task", default_value="reach",
                               description="reach (goal_sequencer) | track (path_sequencer); the policy's task"),
         OpaqueFunction(function=_nodes),

@@ -59,7 +59,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from robot_wm.graph import policy_overrides
 
     specs = plan(args.hardware, overrides={"profile": args.profile, **policy_overrides(args.task, "up")},
-                 composed=args.composed, enable=args.enable, task=args.task)
+                 composed=args.composed, enable=args.enable, task=args.task, trust=not args.no_trust)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -124,6 +124,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return show_status(args.watch, args.timeout)
 
 
+def _cmd_trust_calibrate(args: argparse.Namespace) -> int:
+    from robot_wm.learning.trust_eval import calibrate_main
+
+    return calibrate_main(args)
+
+
+def _cmd_trust_status(args: argparse.Namespace) -> int:
+    from robot_wm.operator import show_trust
+
+    return show_trust(args.watch, args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the robot-wm command."""
     parser = argparse.ArgumentParser(
@@ -150,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable", action="store_true",
                    help="let the safety filter enable itself once its inputs are healthy (embedded arm only; "
                         "without it the filter waits for `robot-wm reset`)")
+    p.add_argument("--no-trust", action="store_true",
+                   help="leave the trust monitor out (the filter runs on its configured default trust level)")
     p.set_defaults(func=_cmd_up)
 
     p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")
@@ -179,6 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", type=float, default=0.0, help="keep printing for this many seconds")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a status message")
     p.set_defaults(func=_cmd_status)
+
+    p = verbs.add_parser("trust", help="the trust monitor: calibrate its thresholds, show its state, acknowledge HUMAN")
+    trust = p.add_subparsers(dest="trust_verb", metavar="TRUST_VERB", required=True)
+    q = trust.add_parser("calibrate", help="operate the embedded arm normally and write the thresholds (library mode, "
+                                           "or --live: the whole ROS graph, as the trust monitor will see it)")
+    q.add_argument("--live", action="store_true", help="record on the running ROS graph (robot-wm up) instead of the "
+                                                       "library loop: what the trust monitor node uses")
+    q.add_argument("--profile", default="nominal", help="embedded arm dynamics profile (default nominal)")
+    q.add_argument("--seconds", type=float, default=None, help="seconds of operation (default: config/trust.yaml)")
+    q.add_argument("--seed", type=int, default=0, help="goal and sensor-noise seed")
+    q.add_argument("--models", default=None, help="model set directory (default: the shipped models/)")
+    q.add_argument("--out", default=None, help="calibration file (default: models/trust/<profile>.json)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=_cmd_trust_calibrate)
+    q = trust.add_parser("status", help="operator: print the trust monitor's level, score and reason")
+    q.add_argument("--watch", type=float, default=0.0, help="keep printing for this many seconds")
+    q.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a TrustState")
+    q.set_defaults(func=_cmd_trust_status)
+    q = trust.add_parser("acknowledge", help="operator: release HUMAN (refused while the evidence is not clean)")
+    q.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the trust monitor")
+    q.set_defaults(func=_trigger_verb("/trust_monitor/acknowledge"))
 
     p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
     p.set_defaults(func=_cmd_env)

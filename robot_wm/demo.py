@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.graph import plan, policy_overrides
 from robot_wm.rosenv import loopback_env
 from robot_wm.process_group import ProcessGroup
@@ -31,6 +32,8 @@ from robot_wm.process_group import ProcessGroup
 TOOL_SPEED_TOLERANCE_MPS = 0.1  # velocity-loop lag/overshoot above the filter's commanded limit
 JOINT_LIMIT_TOLERANCE_RAD = 0.02  # drive latency + lag coast past a soft limit (as in test/test_adversarial_e2e.py)
 NEAR_LIMIT_RAD = 0.05  # a joint this close to a safety limit is "at" it (parking there is what limit-aware policies avoid)
+PAYLOAD_KG = 2.5  # the fault injector's payload: the trust monitor must see it and recover after it
+PAYLOAD_S = 4.0
 PUSH_WINDOW_S = 1.0  # an external push moves the arm faster than any command: not counted against the filter
 
 
@@ -58,6 +61,10 @@ class DemoSummary:
     prediction_error_qdot_radps_median: float | None
     joint_states_hz: float
     intervention_rate: float  # fraction of the filter's periods (after the enable) in FILTERING
+    trust_levels: dict[str, float] = field(default_factory=dict)  # share of the run at each trust level
+    payload_detected_after_s: float | None = None  # payload on -> the trust level leaves FULL
+    trust_recovered_after_s: float | None = None  # payload off -> FULL again
+    trust_resets: int = 0  # operator resets of a trust latch (the monitor back at a moving level first)
     near_limit_fraction: dict[str, float] = field(default_factory=dict)  # per joint: share of samples within NEAR_LIMIT_RAD of a limit
     paths_done: int = 0  # track: paths run to their end
     paths_succeeded: int = 0
@@ -74,13 +81,14 @@ class _Monitor:
         from sensor_msgs.msg import JointState
         from std_msgs.msg import String
 
-        from robot_wm.msg import SafetyStatus, WorldModelPrediction
+        from robot_wm.msg import SafetyStatus, TrustState, WorldModelPrediction
         from robot_wm.nodes.conversions import InputError, joint_state_arrays, stamp_to_s
 
         self.lock = threading.Lock()
         self.js: list[tuple[float, np.ndarray, np.ndarray]] = []
         self.status: list[tuple[float, int, str, float, float, tuple[str, ...], tuple[str, ...]]] = []
         self.pred_err: list[tuple[float, float]] = []
+        self.trust: list[tuple[float, int, float, str]] = []  # (receipt, level, score, reason)
         self.events: list[tuple[float, str]] = []
         self.goal: np.ndarray | None = None
         self.reference: list[tuple[float, np.ndarray]] = []  # track: (receipt time, reference now)
@@ -111,12 +119,17 @@ class _Monitor:
                 if self._pending_pred is None:
                     self._pending_pred = (stamp_to_s(msg.header.stamp) + msg.dt_s, np.array(msg.velocity_radps))
 
+        def on_trust(msg):
+            with self.lock:
+                self.trust.append((time.monotonic(), int(msg.level), float(msg.score), msg.reason))
+
         def on_goal(msg):
             self.goal = np.array([msg.point.x, msg.point.y, msg.point.z])
 
         node.create_subscription(JointState, "/joint_states", on_js, 10)
         node.create_subscription(SafetyStatus, "/robot_wm/safety_status", on_status, 10)
         node.create_subscription(WorldModelPrediction, "/robot_wm/prediction", on_pred, 10)
+        node.create_subscription(TrustState, "/robot_wm/trust", on_trust, 10)
         node.create_subscription(PointStamped, "/robot_wm/goal", on_goal, 10)
         node.create_subscription(String, "/goal_sequencer/events", lambda m: self.event(m.data), 10)
         node.create_subscription(String, "/path_sequencer/events", lambda m: self.event(m.data), 10)
@@ -204,10 +217,11 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     # the operator's timeline, as fractions of the run
-    t_push, t_estop, t_reset = 0.40 * duration_s, 0.70 * duration_s, 0.70 * duration_s + 3.0
+    t_payload, t_push, t_estop, t_reset = 0.15 * duration_s, 0.40 * duration_s, 0.70 * duration_s, 0.70 * duration_s + 3.0
     targets = "goals" if task == "reach" else "reference paths"
     print(f"robot_wm demo ({task}): the whole stack on the embedded MuJoCo arm (profile {profile}"
-          f"{', composed' if composed else ''}) for {duration_s:.0f} s: {targets}, a push at {t_push:.0f} s, "
+          f"{', composed' if composed else ''}) for {duration_s:.0f} s: {targets}, a {PAYLOAD_KG:g} kg payload for "
+          f"{PAYLOAD_S:g} s at {t_payload:.0f} s, a push at {t_push:.0f} s, "
           f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
     overrides: dict = {"profile": profile, **policy_overrides(task, "demo")}
     group = ProcessGroup(plan("mujoco", overrides=overrides, composed=composed, task=task), env)
@@ -239,7 +253,8 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
                     mon.event(f"operator: enable ({enabled.message})")
             time.sleep(0.1)
         t0 = time.monotonic()
-        pushed = estopped = reset_done = False
+        pushed = estopped = reset_done = loaded = False
+        trust_resets, last_trust_reset = 0, -1e9
         last_print = 0.0
         while not stop.is_set():
             now = time.monotonic() - t0
@@ -248,6 +263,19 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             if group.failed():
                 print(f"\nnode process exited: {[c.spec.name for c in group.failed()]}", file=sys.stderr)
                 return 1
+            if not loaded and now >= t_payload:
+                loaded = True
+                resp = _call(node, InjectFault, "/arm_sim/inject_fault",
+                             InjectFault.Request(kind="payload", payload_kg=PAYLOAD_KG, duration_s=PAYLOAD_S))
+                mon.event(f"operator: payload {PAYLOAD_KG:g} kg for {PAYLOAD_S:g} s ({resp.message})")
+            # a trust STOP latches the filter; the operator resets it once the monitor is back at a
+            # moving level (a reset before that is refused by the filter)
+            if (not estopped or reset_done) and time.monotonic() - last_trust_reset > 1.0 and _trust_latched(mon):
+                last_trust_reset = time.monotonic()
+                resp = _call(node, Trigger, "/robot_wm/reset_estop", Trigger.Request())
+                if resp.success:
+                    trust_resets += 1
+                    mon.event(f"operator: reset after the trust monitor recovered ({resp.message})")
             if not pushed and now >= t_push:
                 pushed = True
                 resp = _call(node, InjectFault, "/arm_sim/inject_fault",
@@ -274,6 +302,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             print("interrupted")
             return 130
         summary = _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, task)
+        summary.trust_resets = trust_resets
         _print_summary(summary)
         if out_dir is not None:
             out_dir = Path(out_dir)
@@ -296,6 +325,15 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
     return code
 
 
+def _trust_latched(mon: _Monitor) -> bool:
+    """The filter holds a trust latch (and nothing else) while the monitor is at a moving level again."""
+    with mon.lock:
+        status = mon.status[-1] if mon.status else None
+        trust = mon.trust[-1] if mon.trust else None
+    return (status is not None and trust is not None and tuple(status[6]) == ("trust",)
+            and trust[1] in (TrustLevel.FULL, TrustLevel.CAUTIOUS, TrustLevel.SLOW))
+
+
 def _status_line(mon: _Monitor, kin, now: float) -> str:
     with mon.lock:
         js = mon.js[-1] if mon.js else None
@@ -303,12 +341,14 @@ def _status_line(mon: _Monitor, kin, now: float) -> str:
         status = mon.status[-1] if mon.status else None
         interventions = sum(1 for s in mon.status if s[1] == 1)
         err = mon.pred_err[-1][1] if mon.pred_err else float("nan")
+        trust = mon.trust[-1] if mon.trust else None
     if js is None or status is None:
         return f"t={now:5.1f}s  waiting"
+    level = "-" if trust is None else f"{TrustLevel(trust[1]).name} {trust[2]:.2f}"
     tool = kin.tool_position_m(js[1])
     dist = np.linalg.norm(tool - mon.goal) * 1e3 if mon.goal is not None else float("nan")
     return (f"t={now:5.1f}s  js {recent:3d} Hz  target err {dist:6.1f} mm  filter {status[2]:<9} "
-            f"interventions {interventions:5d}  pred err {err:.3f} rad/s   ")
+            f"interventions {interventions:5d}  pred err {err:.3f} rad/s  trust {level:<13}")
 
 
 def _tool_speeds(mon: _Monitor, kin) -> tuple[np.ndarray, np.ndarray]:
@@ -334,6 +374,7 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
         js = list(mon.js)
         status = [s for s in mon.status if s[0] >= t0]  # from the operator's enable on
         events = [(t - t0, e) for t, e in mon.events]
+        trust = [x for x in mon.trust if x[0] >= t0]
     q = np.array([x[1] for x in js])
     over = np.maximum(q - np.asarray(limits.upper_rad), np.asarray(limits.lower_rad) - q)
     violations = int(np.sum(over > JOINT_LIMIT_TOLERANCE_RAD))
@@ -358,6 +399,14 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     t_js = np.array([x[0] for x in js])
     paths = _path_results(events)
     moving = [s for s in status if s[2] in ("OK", "FILTERING")]
+    payload_at = next((t for t, e in mon.events if e.startswith("operator: payload")), None)
+    detected = recovered = None
+    if payload_at is not None and trust:
+        drop = next((t for t, lv, *_ in trust if t >= payload_at and lv != TrustLevel.FULL), None)
+        detected = None if drop is None else drop - payload_at
+        back = next((t for t, lv, *_ in trust if t >= payload_at + PAYLOAD_S and lv == TrustLevel.FULL), None)
+        recovered = None if back is None else back - (payload_at + PAYLOAD_S)
+    levels = Counter(TrustLevel(lv).name for _, lv, *_ in trust)
     summary = DemoSummary(
         profile=profile, duration_s=duration_s, task=task, goals_reached=len(reached), goals_timed_out=timed_out,
         time_to_goal_s_median=float(np.median(times)) if times else None, joint_limit_violations=violations,
@@ -374,6 +423,8 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
         intervention_rate=float(sum(s[2] == "FILTERING" for s in moving) / len(moving)) if moving else 0.0,
         near_limit_fraction={n: round(float(np.mean(over[:, j] > -NEAR_LIMIT_RAD)), 4)
                              for j, n in enumerate(kin.joint_names)} if len(over) else {},
+        trust_levels={k: round(v / len(trust), 4) for k, v in levels.items()} if trust else {},
+        payload_detected_after_s=detected, trust_recovered_after_s=recovered,
         paths_done=len(paths), paths_succeeded=sum(ok for _, ok in paths),
         tracking_rms_m_median=float(np.median([r for r, _ in paths])) if paths else None,
         events=[f"{t:6.2f} s  {e}" for t, e in events],
@@ -387,6 +438,8 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
         and violations == 0
         and summary.max_tool_speed_mps <= limits.tool_speed_max_mps + TOOL_SPEED_TOLERANCE_MPS
         and estop_to_rest is not None and estop_to_rest < 0.3 and resumed
+        # with a trust monitor in the graph: it saw the payload and trusted the arm again after it
+        and (not trust or (detected is not None and recovered is not None))
     )
     return summary
 
@@ -413,6 +466,11 @@ def _print_summary(s: DemoSummary) -> None:
     print(f"filter states {s.filter_states}; intervention rate {100 * s.intervention_rate:.1f} % of the moving periods")
     print(f"active constraints {dict(list(s.active_constraints.items())[:8])}")
     print(f"QP solve p50 {s.qp_solve_us_p50:.0f} us, p99 {s.qp_solve_us_p99:.0f} us; /joint_states {s.joint_states_hz:.0f} Hz")
+    if s.trust_levels:
+        det = "never" if s.payload_detected_after_s is None else f"{s.payload_detected_after_s * 1e3:.0f} ms"
+        rec = "never" if s.trust_recovered_after_s is None else f"{s.trust_recovered_after_s:.1f} s"
+        print(f"trust: levels {s.trust_levels}; payload seen after {det}, FULL again {rec} after it was removed; "
+              f"operator resets of a trust latch {s.trust_resets}")
     if s.prediction_error_qdot_radps_median is not None:
         print(f"world-model one-step velocity error (max over joints), median {s.prediction_error_qdot_radps_median:.4f} rad/s")
     print("PASS" if s.passed else "FAIL")
@@ -428,6 +486,7 @@ def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path, task: str 
         js = list(mon.js)
         status = list(mon.status)
         pred = list(mon.pred_err)
+        trust = list(mon.trust)
         events = list(mon.events)
         reference = list(mon.reference)
     t = np.array([x[0] for x in js]) - t0
@@ -458,6 +517,15 @@ def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path, task: str 
     if pred:
         axes[3].plot(np.array([p[0] for p in pred]) - t0, [p[1] for p in pred], lw=0.6)
     axes[3].set_ylabel("prediction error (rad/s)")
+    if trust:
+        tw = axes[3].twinx()
+        tt = np.array([x[0] for x in trust]) - t0
+        tw.plot(tt, [x[2] for x in trust], color="tab:green", lw=0.9, label="trust score")
+        tw.step(tt, [x[1] / 4.0 for x in trust], where="post", color="tab:red", lw=0.8,
+                label="trust level / 4 (0 FULL, .25 CAUTIOUS, .5 SLOW, .75 STOP, 1 HUMAN)")
+        tw.set_ylim(-0.05, 1.05)
+        tw.set_ylabel("trust")
+        tw.legend(fontsize=7, loc="upper right")
     axes[3].set_xlabel("time (s)")
     if track:
         _track_panels(fig, axes, kin, js, reference, t0)

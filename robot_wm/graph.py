@@ -138,6 +138,7 @@ def plan(
     stack: bool = True,
     enable: bool = False,
     task: str = "reach",
+    trust: bool = True,
 ) -> list[ProcessSpec]:
     """Return the processes that bring up robot_wm on ``hardware``.
 
@@ -148,6 +149,8 @@ def plan(
         overrides: parameters set on every robot_wm node (e.g. ``{"profile": "real_twin"}`` for arm_sim).
         composed: run the graph's ``composed.nodes`` in one process (config/graph.yaml ``composed``).
         stack: include the control stack (False: only the hardware side, e.g. for driving the arm directly).
+        trust: include the trust monitor (False: the filter runs on its configured default trust level,
+            e.g. to exercise the filter alone; the product graph has it).
         enable: let the safety filter release its start latch by itself (``enable_on_start``);
             allowed on the embedded arm only — on hardware an operator enables it.
         task: the task the stack runs ("reach": goal_sequencer, "track": path_sequencer; graph.yaml
@@ -175,6 +178,8 @@ def plan(
     if stack:
         entries += [(f"stack[{i}]", e) for i, e in enumerate(data["stack"] or [])]
         entries += [(f"tasks.{task}[{i}]", e) for i, e in enumerate((data.get("tasks") or {}).get(task) or [])]
+    if not trust:
+        entries = [(w, e) for w, e in entries if not (isinstance(e, dict) and e.get("name") == TRUST_MONITOR)]
     specs = []
     for where, entry in entries:
         spec, wants_description = _parse_entry(entry, f"graph.yaml {where}")
@@ -187,6 +192,8 @@ def plan(
             params.update(overrides)
         if spec.name == POLICY:  # the task, and the phase whose acceleration box its slew limit uses
             params["task"] = task
+            params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
+        if spec.name == TRUST_MONITOR:
             params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL

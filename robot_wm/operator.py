@@ -1,4 +1,4 @@
-"""Operator commands without ROS tools: robot-wm estop | reset | status.
+"""Operator commands without ROS tools: robot-wm estop | reset | status | trust status | trust acknowledge.
 
 They talk to the running safety filter over its services (/robot_wm/estop,
 /robot_wm/reset_estop: std_srvs/Trigger) and its status topic (/robot_wm/safety_status), on
@@ -81,6 +81,39 @@ def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
                 kind = f"  fault: {s.fault_kind}" if s.fault_kind else ""
                 print(f"safety: {s.state_text:<9} active: {active}  intervention {s.intervention_norm:.3f} rad/s  "
                       f"solve {s.solve_time_s * 1e6:.0f} us ({s.iterations} it){latches}{kind}{reason}", flush=True)
+                last_print = now
+                latest[:] = latest[-1:]
+            if now >= end:
+                return 0
+
+    return _with_node(run, timeout_s + seconds)
+
+
+def show_trust(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
+    """Print the trust monitor's TrustState (once, or every 0.5 s for ``seconds``); 2 if none arrives."""
+    from robot_wm.core.safety.limits import Phase, TrustLevel
+    from robot_wm.msg import TrustState
+
+    def run(node, executor, deadline):
+        latest: list[TrustState] = []
+        node.create_subscription(TrustState, "/robot_wm/trust", latest.append, 10)
+        end = None
+        last_print = 0.0
+        while True:
+            executor.spin_once(timeout_sec=0.05)
+            now = time.monotonic()
+            if not latest:
+                if now > deadline:
+                    print("no /robot_wm/trust: is the stack up with its trust monitor? (`robot-wm up`)", file=sys.stderr)
+                    return 2
+                continue
+            end = end or now + seconds
+            if now - last_print >= 0.5:
+                s = latest[-1]
+                level = TrustLevel(s.level).name if s.level in iter(TrustLevel) else str(s.level)
+                phase = Phase(s.phase).name if s.phase in iter(Phase) else str(s.phase)
+                print(f"trust: {level:<8} phase {phase:<5} score {s.score:.2f}  error {s.normalized_error:.3g} "
+                      f"(threshold {s.threshold:.3g})  reason: {s.reason}", flush=True)
                 last_print = now
                 latest[:] = latest[-1:]
             if now >= end:

@@ -71,7 +71,7 @@ def _points(kin, q, frames):
 
 @pytest.mark.parametrize("profile", ["nominal", "real_twin"])
 def test_hostile_nominal_commands_never_break_a_limit(spawn, ros_context, profile):
-    specs = {s.name: s for s in graph.plan("mujoco", overrides={"profile": profile}, enable=True)
+    specs = {s.name: s for s in graph.plan("mujoco", overrides={"profile": profile}, enable=True, trust=False)
              if not s.needs_ros_install}
     arm = spawn(command_for(specs["arm_sim"]))
     filt = spawn(command_for(specs["safety_filter"]))

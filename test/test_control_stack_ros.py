@@ -21,7 +21,7 @@ from rosclient import ArmClient
 pytestmark = pytest.mark.ros
 # enable=True: the filter releases its start latch by itself once its inputs are healthy (the start
 # latch itself is tested in test_safety_filter_ros.py)
-SPECS = {s.name: s for s in graph.plan("mujoco", enable=True) if not s.needs_ros_install}
+SPECS = {s.name: s for s in graph.plan("mujoco", enable=True, trust=False) if not s.needs_ros_install}
 
 
 class NominalSource:
@@ -285,7 +285,7 @@ def test_the_tracking_policy_follows_the_path_sequencers_reference_through_the_f
 
     from robot_wm.msg import SafetyStatus
 
-    specs = {s.name: s for s in graph.plan("mujoco", enable=True, task="track", overrides={"scripted": True})
+    specs = {s.name: s for s in graph.plan("mujoco", enable=True, task="track", overrides={"scripted": True}, trust=False)
              if not s.needs_ros_install}
     procs = {name: spawn(command_for(specs[name])) for name in ("arm_sim", "safety_filter", "policy", "path_sequencer")}
     client = ArmClient(ros_context, start=False)

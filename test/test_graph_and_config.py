@@ -17,7 +17,14 @@ REPO = Path(__file__).resolve().parent.parent
 def test_embedded_plan_runs_without_ros_install():
     specs = graph.plan("mujoco", overrides={"profile": "real_twin"})
     runnable = [s for s in specs if not s.needs_ros_install]
-    assert [s.name for s in runnable] == ["arm_sim", "safety_filter", "world_model", "policy", "goal_sequencer"]
+    assert [s.name for s in runnable] == ["arm_sim", "safety_filter", "world_model", "policy", "trust_monitor",
+                                          "goal_sequencer"]
+    by_name = {s.name: s for s in runnable}
+    assert by_name["safety_filter"].parameters["default_trust_level"] == 3  # STOP until the monitor speaks
+    assert by_name["trust_monitor"].parameters["phase"] == by_name["safety_filter"].parameters["default_phase"]
+    assert str(config_path("trust.yaml")) in command_for(by_name["trust_monitor"], python="python")
+    assert "trust_monitor" not in {s.name for s in graph.plan("mujoco", trust=False)}
+    assert "default_trust_level" not in {s.name: s for s in graph.plan("mujoco", trust=False)}["safety_filter"].parameters
     cmd = command_for(runnable[0], python="python")
     assert cmd[:3] == ["python", "-m", "robot_wm.nodes.arm_sim"]
     assert "__node:=arm_sim" in cmd and "arm_sim:profile:=real_twin" in cmd
@@ -102,7 +109,7 @@ def test_launch_file_builds_its_nodes_from_the_graph_plan():
     assert "graph.plan" in calls and "rosenv.loopback_env" in calls
     args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
-    assert args == {"hardware", "hardware_params", "profile", "composed", "enable", "task"}
+    assert args == {"hardware", "hardware_params", "profile", "composed", "enable", "task", "trust"}
 
 
 def test_controllers_yaml_matches_the_description():
@@ -169,13 +176,13 @@ def test_the_safety_filter_enables_itself_only_on_the_embedded_arm_and_stops_wit
     pol = lambda specs: next(s for s in specs if s.name == "policy")  # noqa: E731
     for hw in ("mujoco", "mock"):  # the policy's slew limit uses the same phase's acceleration box
         assert pol(graph.plan(hw)).parameters["phase"] == filt(graph.plan(hw)).parameters["default_phase"]
-    assert "default_trust_level" not in filt(graph.plan("mujoco")).parameters  # config/control.yaml: FULL
+    assert "default_trust_level" not in filt(graph.plan("mujoco", trust=False)).parameters  # config/control.yaml: FULL
+    assert filt(graph.plan("mujoco")).parameters["default_trust_level"] == 3  # STOP: the graph has a monitor
     graph_yaml = yaml.safe_load((REPO / "config" / "graph.yaml").read_text())
-    graph_yaml["stack"].append({"name": "trust_monitor", "package": "robot_wm", "executable": "trust_monitor",
-                                "module": "robot_wm.nodes.trust_monitor"})
-    with_monitor = tmp_path / "graph.yaml"
-    with_monitor.write_text(yaml.safe_dump(graph_yaml))
-    assert filt(graph.plan("mujoco", graph_path=with_monitor)).parameters["default_trust_level"] == 3  # STOP
+    graph_yaml["stack"] = [e for e in graph_yaml["stack"] if e["name"] != "trust_monitor"]
+    without = tmp_path / "graph.yaml"
+    without.write_text(yaml.safe_dump(graph_yaml))
+    assert "default_trust_level" not in filt(graph.plan("mujoco", graph_path=without)).parameters
 
 
 def test_a_task_without_a_shipped_policy_runs_the_scripted_baseline(capsys, monkeypatch):

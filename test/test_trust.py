@@ -103,18 +103,34 @@ def test_the_ewma_weighs_a_sample_by_the_time_it_covers():
         Ewma(0.0)
 
 
+def _trusted(config: TrustConfig | None = None) -> tuple[TrustMonitor, float]:
+    """A monitor stepped up from its start-up STOP to FULL on quiet evidence; (monitor, next t)."""
+    m = TrustMonitor(config or TrustConfig(), CAL)
+    steps = int(round((3 * m.config.clean_hold_s + 0.1) / DT))
+    outs = _run(m, [(1.0, 0.5, False)] * steps)
+    assert outs[0].level == TrustLevel.STOP and outs[-1].level == TrustLevel.FULL
+    return m, steps * DT
+
+
 # ------------------------------------------------------------------------------- levels
+def test_the_monitor_starts_at_stop_and_earns_full():
+    m = TrustMonitor(TrustConfig(clean_hold_s=0.5), CAL)
+    levels = [o.level for o in _run(m, [(1.0, 0.5, False)] * 200)]
+    assert levels[0] == TrustLevel.STOP and levels[-1] == TrustLevel.FULL
+    assert [lv for a, lv in zip(levels, levels[1:]) if a != lv] == [TrustLevel.SLOW, TrustLevel.CAUTIOUS, TrustLevel.FULL]
+
+
 def test_single_spikes_never_stop_the_arm():
     """One wild sample in both signals at once, every half second: never STOP, never below CAUTIOUS
     for long; a persistent error in one signal slows the arm, in two it stops it."""
-    m = TrustMonitor(TrustConfig(), CAL)
+    m, t0 = _trusted()
     quiet = [(1.0, 0.5, False)] * 49
-    outs = _run(m, ([(50.0, 20.0, True)] + quiet) * 10)
+    outs = _run(m, ([(50.0, 20.0, True)] + quiet) * 10, t0=t0)
     assert all(o.level <= TrustLevel.CAUTIOUS for o in outs) and m.anomalies == 0
-    m = TrustMonitor(TrustConfig(), CAL)
-    outs = _run(m, [(1.0, 0.5, False)] * 20 + [(6.0, 0.5, False)] * 30)  # prediction error only, 3x
+    m, t0 = _trusted()
+    outs = _run(m, [(1.0, 0.5, False)] * 20 + [(6.0, 0.5, False)] * 30, t0=t0)  # prediction error only, 3x
     assert outs[-1].level == TrustLevel.SLOW and "prediction_error" in outs[-1].reason
-    outs = _run(m, [(6.0, 3.0, False)] * 30, t0=0.5)  # and the ensemble disagrees: an anomaly
+    outs = _run(m, [(6.0, 3.0, False)] * 30, t0=t0 + 0.5)  # and the ensemble disagrees: an anomaly
     assert outs[-1].level == TrustLevel.STOP and m.anomalies == 1
 
 
@@ -138,13 +154,15 @@ def test_levels_step_up_one_at_a_time_after_the_clean_hold_and_human_needs_an_op
     assert ok and m.level == TrustLevel.STOP, message
 
 
-def test_no_prediction_is_a_stop():
-    m = TrustMonitor(TrustConfig(stale_s=0.1), CAL)
+def test_no_prediction_slows_then_stops():
+    m = TrustMonitor(TrustConfig(stale_s=0.1, stop_stale_s=0.5), CAL)
     out = m.step(0.0, prediction_error=None, disagreement=None, intervened=False)
     assert out.level == TrustLevel.STOP and "no world-model prediction" in out.reason
-    _run(m, [(1.0, 0.5, False)] * 5, t0=0.01)
-    outs = _run(m, [(None, None, False)] * 20, t0=0.06)
-    assert outs[-1].evidence == TrustLevel.STOP and "no world-model prediction for" in outs[-1].reason
+    m, t0 = _trusted(TrustConfig(stale_s=0.1, stop_stale_s=0.5))
+    outs = _run(m, [(None, None, False)] * 60, t0=t0)
+    evidence = [o.evidence for o in outs]
+    assert evidence[5] == TrustLevel.FULL and evidence[15] == TrustLevel.SLOW and outs[15].level == TrustLevel.SLOW
+    assert evidence[-1] == TrustLevel.STOP and "no world-model prediction for" in outs[-1].reason
 
 
 @settings(max_examples=200, deadline=None)

@@ -54,3 +54,7 @@ class Kinematics:
     def tool_linear_velocity_mps(self, q_rad: np.ndarray, v_radps: np.ndarray) -> np.ndarray:
         """Return the tool's linear velocity in the base frame (m/s)."""
         return self.tool_jacobian(q_rad)[:3] @ np.asarray(v_radps, dtype=float)
+
+    def gravity_torque_nm(self, q_rad: np.ndarray) -> np.ndarray:
+        """Return the joint torques that hold the URDF's arm against gravity at ``q_rad`` (N·m, joint order)."""
+        return pin.computeGeneralizedGravity(self.model, self.data, self._q(q_rad))[self._perm].copy()

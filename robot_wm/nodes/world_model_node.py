@@ -1,9 +1,13 @@
 """world_model: the learned world model (ONNX ensemble) predicting the arm's next state.
 
-Each control period it takes the latest /joint_states and the command actually sent to the
-hardware (/forward_velocity_controller/commands: what the safety filter let through, not what the
-policy wanted) and publishes a WorldModelPrediction of the next measured state with its
-epistemic and aleatoric standard deviations on /robot_wm/prediction. Optionally it also rolls the
+On each command actually sent to the hardware (/forward_velocity_controller/commands: what the
+safety filter let through, not what the policy wanted) it takes the latest /joint_states (the
+state the filter judged) and publishes a WorldModelPrediction of the next measured state with its
+epistemic and aleatoric standard deviations on /robot_wm/prediction, stamped with that state's
+stamp: the trust monitor pairs it with the state measured one period later. Predicting on the
+command rather than on a timer of its own keeps the pair aligned (on a timer, a prediction could
+be made with the previous period's command: the ROS path's one-step error was 2-3x the library
+loop's). While no command arrives (the hardware holds zero) it predicts zero on its timer. Optionally it also rolls the
 model ``forecast_steps`` periods ahead under the current command and publishes the predicted tool
 path as a visualization_msgs/Marker (RViz, Foxglove).
 """
@@ -75,20 +79,30 @@ class WorldModelNode(ControlNode):
             self._command = (time.monotonic(), vector(msg.data, N_JOINTS, "command"))
         except InputError as exc:
             self.get_logger().error(f"ignoring command: {exc}", throttle_duration_sec=1.0)
+            return
+        if self._pred_pub is not None and self._control_timer is not None:  # active
+            self._predict(self._command[1])
 
     def control_step(self) -> None:
-        """Predict the next state from the latest one and the command sent; publish it."""
-        now = time.monotonic()
-        state = self.fresh_state(now)
+        """Without commands (the hardware holds zero after its timeout) predict zero each period."""
+        if not (self._command and time.monotonic() - self._command[0] <= self.stale_s):
+            self._predict(np.zeros(N_JOINTS))
+
+    def _predict(self, command: np.ndarray) -> None:
+        """Predict the next state from the latest one and ``command``; publish it."""
+        state = self.fresh_state(time.monotonic())
         if state is None or self.runner is None:
             return
         q, qdot = state
-        # the hardware holds zero once commands stop (driver timeout): predict that, not the last command
-        command = self._command[1] if self._command and now - self._command[0] <= self.stale_s else np.zeros(N_JOINTS)
         pred = self.runner.predict(q, qdot, command)
         msg = WorldModelPrediction(joint_names=self.joint_names, model_version=self.runner.version, horizon_steps=1,
                                    dt_s=float(self.period_s))
-        msg.header.stamp = self.get_clock().now().to_msg()
+        # the stamp of the state the prediction starts from (the message's contract): the trust
+        # monitor pairs it with the joint state stamped one period later
+        if self.state_stamp_ns:
+            msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(self.state_stamp_ns, 1_000_000_000)
+        else:
+            msg.header.stamp = self.get_clock().now().to_msg()
         msg.position_rad = pred.next_q_rad.tolist()
         msg.velocity_radps = pred.next_qdot_radps.tolist()
         q_block, qdot_block = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]

@@ -102,7 +102,8 @@ class ControllerConfig:
             slack beyond which a soft constraint counts as not kept.
         slack_time_s: a soft constraint not kept for longer than this is a latched FAULT.
         auto_enable: release the start latch by itself once the inputs allow it (the embedded-arm
-            demo graph only; never on hardware).
+            demo graph only; never on hardware); a trust latch set before that first enable is part
+            of the start-up and goes with it once the trust level is a moving one.
     """
 
     dt_s: float
@@ -375,7 +376,10 @@ class SafetyController:
                 self.supervisor.record_problem(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: commit failed: "
                                                                         f"{type(exc).__name__}: {exc}"))
         self.supervisor.count(out.state, out.active_constraints)
-        if self._auto_enable_pending and set(self.supervisor.latches) == {Latch.START}:
+        # the start-up's trust latch (the default STOP before the monitor has spoken, or the monitor's
+        # own start-up STOP) belongs to the start: reset() refuses until the level is a moving one
+        if self._auto_enable_pending and set(self.supervisor.latches) <= {Latch.START, Latch.TRUST} \
+                and Latch.START in self.supervisor.latches:
             if self.reset()[0]:
                 self._auto_enable_pending = False
 

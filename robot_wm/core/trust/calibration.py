@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_wm.core.trust.signals import SIGNALS, Signal
+from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Signal
 
-CALIBRATION_FORMAT = "robot_wm-trust-calibration/1"
+CALIBRATION_FORMAT = "robot_wm-trust-calibration/2"
 
 
 class CalibrationError(ValueError):
@@ -48,6 +48,8 @@ class Calibration:
         source: what the normal data was (a bag path, "library:<profile>", ...).
         periods: calibration periods per signal.
         created_unix_s: when it was made.
+        effort_model: ``EffortModel.to_dict()`` of the same normal operation, or None (then the
+            effort signal is off: no threshold for it).
     """
 
     thresholds: dict[str, float]
@@ -56,9 +58,15 @@ class Calibration:
     source: str
     periods: int
     created_unix_s: float = field(default_factory=time.time)
+    effort_model: dict | None = None
 
     def threshold(self, signal: Signal) -> float:
-        return self.thresholds[Signal(signal).value]
+        """The signal's threshold; ``math.inf`` for a signal this calibration does not judge."""
+        return self.thresholds.get(Signal(signal).value, math.inf)
+
+    def judges(self, signal: Signal) -> bool:
+        """Whether the calibration has a threshold for ``signal``."""
+        return Signal(signal).value in self.thresholds
 
 
 def conformal_quantile(values: np.ndarray, exceedance: float) -> float:
@@ -80,19 +88,22 @@ def conformal_quantile(values: np.ndarray, exceedance: float) -> float:
 
 
 def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[str, float], *,
-              model_version: str, source: str) -> Calibration:
+              model_version: str, source: str, effort_model: dict | None = None) -> Calibration:
     """Thresholds from smoothed normal-operation streams (one array per signal).
 
     Args:
-        streams: signal name -> smoothed values, one per period (all signals required).
+        streams: signal name -> smoothed values, one per period (the base signals required;
+            ``effort_error`` with ``effort_model``).
         exceedance: per-signal exceedance α.
         floors: signal name -> the smallest threshold allowed (config).
         model_version, source: provenance, kept in the result.
+        effort_model: the effort model the ``effort_error`` stream was computed with.
     Raises:
         CalibrationError: a signal missing, or what ``conformal_quantile`` raises (naming the signal).
     """
     thresholds = {}
-    for sig in SIGNALS:
+    wanted = SIGNALS if effort_model is not None else BASE_SIGNALS
+    for sig in wanted:
         if sig.value not in streams:
             raise CalibrationError(f"calibration: no values for signal {sig.value!r}")
         try:
@@ -100,8 +111,9 @@ def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[st
         except CalibrationError as exc:
             raise CalibrationError(f"signal {sig.value!r}: {exc}") from exc
         thresholds[sig.value] = max(q, float(floors.get(sig.value, 0.0)))
-    n = min(int(np.asarray(s).size) for s in streams.values())
-    return Calibration(thresholds, float(exceedance), str(model_version), str(source), n)
+    n = min(int(np.asarray(streams[s.value]).size) for s in wanted)
+    return Calibration(thresholds, float(exceedance), str(model_version), str(source), n,
+                       effort_model=effort_model)
 
 
 def save(calibration: Calibration, path: Path) -> Path:
@@ -111,6 +123,7 @@ def save(calibration: Calibration, path: Path) -> Path:
     doc = {"format": CALIBRATION_FORMAT, **asdict(calibration)}
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make a shipped calibration unreadable to others
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")
@@ -140,7 +153,9 @@ def load(path: Path, model_version: str | None = None) -> Calibration:
     thresholds = doc.get("thresholds")
     if not isinstance(thresholds, dict):
         raise CalibrationError(f"{path}: field 'thresholds' missing")
-    for sig in SIGNALS:
+    effort = doc.get("effort_model")
+    wanted = SIGNALS if effort is not None else BASE_SIGNALS
+    for sig in wanted:
         t = thresholds.get(sig.value)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
             raise CalibrationError(f"{path}: thresholds.{sig.value}={t!r}: expected a positive number")
@@ -148,9 +163,9 @@ def load(path: Path, model_version: str | None = None) -> Calibration:
         raise CalibrationError(f"{path}: calibrated for world model {doc.get('model_version')!r}, the running one is "
                                f"{model_version!r}: run `robot-wm trust calibrate` again")
     try:
-        return Calibration({k: float(thresholds[k]) for k in (s.value for s in SIGNALS)}, float(doc["exceedance"]),
+        return Calibration({k: float(thresholds[k]) for k in (s.value for s in wanted)}, float(doc["exceedance"]),
                            str(doc["model_version"]), str(doc["source"]), int(doc["periods"]),
-                           float(doc.get("created_unix_s", 0.0)))
+                           float(doc.get("created_unix_s", 0.0)), effort)
     except (KeyError, TypeError, ValueError) as exc:
         raise CalibrationError(f"{path}: malformed trust calibration: {exc}") from exc
 

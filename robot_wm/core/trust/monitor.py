@@ -10,13 +10,15 @@ Levels (``TrustLevel``) and how they move::
       no signal persistent              -> FULL
       one signal persistent             -> CAUTIOUS, or SLOW when it is over by slow_ratio or more
       two or more signals persistent    -> STOP (an anomaly: two independent signals agree)
-      no prediction for stale_s         -> STOP ("no prediction")
+      no prediction yet, or for stop_stale_s -> STOP ("no prediction")
+      no prediction for stale_s         -> SLOW (it cannot judge: slower, until predictions return)
 
     FULL ─┬─ evidence worse: at once ──► CAUTIOUS / SLOW / STOP
           ▲
           └── evidence better for clean_hold_s: one level up (STOP -> SLOW -> CAUTIOUS -> FULL)
 
-    STOP for longer than human_after_s, or any anomaly while ``human_on_anomaly`` -> HUMAN:
+    STOP for longer than human_after_s (once a moving level has been in force: the start-up's STOP
+    does not count), or any anomaly while ``human_on_anomaly`` -> HUMAN:
     held until ``acknowledge()`` (an operator), and even then only once the evidence is clean.
 
 Levels step down at once and up only after a clean hold, one at a time, so a single odd sample
@@ -37,12 +39,16 @@ class TrustConfig:
     """How the monitor smooths and judges its signals (config/trust.yaml).
 
     Attributes:
-        tau_s: EWMA time constant of (prediction_error, disagreement, intervention), s.
+        tau_s: EWMA time constant of (prediction_error, disagreement, intervention, effort_error), s
+            (the effort signal arrives smoothed per joint, ``effort_tau_s``: a short one here).
+        effort_tau_s: the per-joint smoothing of the signed effort z-scores (``EffortSignal``), s.
+        effort_clip_z: the clip on each joint's effort z-score before that smoothing.
         min_duration_s: a signal must stay over its threshold this long to count.
         slow_ratio: one persistent signal at this multiple of its threshold or more -> SLOW.
         clean_hold_s: better evidence must last this long before the level steps up by one.
         human_after_s: STOP lasting longer than this -> HUMAN.
-        stale_s: no prediction for this long -> STOP.
+        stale_s: no prediction for this long -> SLOW (a loaded machine delays one now and then).
+        stop_stale_s: no prediction for this long -> STOP.
         human_on_anomaly: an anomaly calls a human at once (the MIXED phase: operator standing by).
         clip_ratio: a sample enters its EWMA clipped to this multiple of its threshold, so one wild
             sample moves the smoothed signal by at most (1 − e^(−dt/τ)) · clip_ratio · threshold
@@ -50,12 +56,15 @@ class TrustConfig:
             still drives it past the threshold.
     """
 
-    tau_s: tuple[float, float, float] = (0.03, 0.05, 0.5)
+    tau_s: tuple[float, float, float, float] = (0.03, 0.05, 0.5, 0.01)
+    effort_tau_s: float = 0.05
+    effort_clip_z: float = 4.0
     min_duration_s: float = 0.03
     slow_ratio: float = 2.0
     clean_hold_s: float = 2.0
     human_after_s: float = 5.0
     stale_s: float = 0.1
+    stop_stale_s: float = 0.5
     human_on_anomaly: bool = False
     clip_ratio: float = 3.0
 
@@ -63,7 +72,9 @@ class TrustConfig:
         if len(self.tau_s) != len(SIGNALS) or not all(math.isfinite(t) and t > 0 for t in self.tau_s):
             raise ValueError(f"TrustConfig.tau_s={self.tau_s!r}: expected {len(SIGNALS)} positive time constants (s) "
                              f"for {[s.value for s in SIGNALS]}")
-        for name in ("min_duration_s", "clean_hold_s", "human_after_s", "stale_s"):
+        if not (math.isfinite(self.effort_tau_s) and self.effort_tau_s > 0):
+            raise ValueError(f"TrustConfig.effort_tau_s={self.effort_tau_s!r}: expected a positive time constant (s)")
+        for name in ("min_duration_s", "clean_hold_s", "human_after_s", "stale_s", "stop_stale_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"TrustConfig.{name}={v!r}: expected a duration >= 0 (s)")
@@ -113,7 +124,8 @@ class TrustMonitor:
         self._last_prediction_t: float | None = None
         self._better_since: float | None = None
         self._stop_since: float | None = None
-        self.level = TrustLevel.FULL
+        self.level = TrustLevel.STOP  # no evidence yet: step up after clean holds like any recovery
+        self._has_moved = False  # a moving level (FULL, CAUTIOUS, SLOW) was in force after start-up
         self.human_reason = ""
         self.anomalies = 0  # anomaly onsets (evidence STOP after a period without)
         self._was_anomaly = False
@@ -136,17 +148,21 @@ class TrustMonitor:
 
     # ------------------------------------------------------------------ the period
     def step(self, t_s: float, *, prediction_error: float | None, disagreement: float | None,
-             intervened: bool | None) -> TrustOutput:
-        """One period: update the signals given (None: not available this period), return the verdict."""
+             intervened: bool | None, effort_error: float | None = None) -> TrustOutput:
+        """One period: update the signals given (None: not available this period), return the verdict.
+
+        A signal the calibration has no threshold for (the effort signal without an effort model)
+        is never over its threshold."""
         cfg = self.config
         dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)  # the first sample has no weight
         self._last_t = t_s
         values = {Signal.PREDICTION_ERROR: prediction_error, Signal.DISAGREEMENT: disagreement,
-                  Signal.INTERVENTION: None if intervened is None else float(bool(intervened))}
+                  Signal.INTERVENTION: None if intervened is None else float(bool(intervened)),
+                  Signal.EFFORT: effort_error}
         if prediction_error is not None:
             self._last_prediction_t = t_s
         for sig, x in values.items():
-            if x is not None and math.isfinite(x):
+            if x is not None and math.isfinite(x) and self.calibration.judges(sig):
                 self._ewma[sig].update(min(x, cfg.clip_ratio * self.calibration.threshold(sig)), dt)
             over = self._ratio(sig) > 1.0
             if not over:
@@ -158,7 +174,7 @@ class TrustMonitor:
             self.anomalies += 1
         self._was_anomaly = anomaly
         self._move(t_s, evidence, anomaly)
-        ratios = {sig.value: self._ratio(sig) for sig in SIGNALS}
+        ratios = {sig.value: self._ratio(sig) for sig in SIGNALS if self.calibration.judges(sig)}
         worst = max(ratios.values())
         e = self._ewma[Signal.PREDICTION_ERROR].value
         return TrustOutput(self.level, evidence, 1.0 / (1.0 + worst * worst), math.nan if e is None else e,
@@ -175,8 +191,10 @@ class TrustMonitor:
 
     def _evidence(self, t_s: float) -> tuple[TrustLevel, bool]:
         """(level the signals alone give, whether it is an anomaly)."""
-        if self._last_prediction_t is None or t_s - self._last_prediction_t > self.config.stale_s:
+        if self._last_prediction_t is None or t_s - self._last_prediction_t > self.config.stop_stale_s:
             return TrustLevel.STOP, False
+        if t_s - self._last_prediction_t > self.config.stale_s:
+            return TrustLevel.SLOW, False
         persistent = self._persistent(t_s)
         if len(persistent) >= 2:
             return TrustLevel.STOP, True
@@ -202,9 +220,12 @@ class TrustMonitor:
                 self._better_since = t_s if evidence < self.level else None
         else:
             self._better_since = None
+        if self.level < TrustLevel.STOP:
+            self._has_moved = True
         if self.level == TrustLevel.STOP:
             self._stop_since = t_s if self._stop_since is None else self._stop_since
-            if t_s - self._stop_since > cfg.human_after_s:
+            # the start-up's STOP (before the first moving level) is not a reason to call a human
+            if self._has_moved and t_s - self._stop_since > cfg.human_after_s:
                 self._to_human(f"STOP for more than {cfg.human_after_s:g} s: {self._reason(t_s)}")
         else:
             self._stop_since = None
@@ -222,7 +243,7 @@ class TrustMonitor:
         parts = []
         for sig in SIGNALS:
             v = self._ewma[sig].value
-            if v is None:
+            if v is None or not self.calibration.judges(sig):
                 continue
             th = self.calibration.threshold(sig)
             since = self._over_since[sig]

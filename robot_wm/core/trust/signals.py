@@ -10,7 +10,9 @@ into three dimensionless signals, each about 1 or below in normal operation:
 * ``disagreement``: the RMS over the velocities of epistemic / aleatoric std: how much more the
   ensemble members disagree than the noise they expect (large where the model has not seen such
   states, whatever happened);
-* ``intervention``: 1 for a period in which the safety filter changed the command, else 0.
+* ``intervention``: 1 for a period in which the safety filter changed the command, else 0;
+* ``effort_error``: the RMS z-score of the measured joint efforts against a model of normal
+  operation (``effort.py``): what a payload or a push changes while the motion hardly does.
 
 ``Ewma`` smooths each of them (an exponentially weighted mean with a time constant in seconds):
 chosen over CUSUM because it needs no assumed size of the shift, answers within a few time
@@ -34,9 +36,12 @@ class Signal(str, Enum):
     PREDICTION_ERROR = "prediction_error"
     DISAGREEMENT = "disagreement"
     INTERVENTION = "intervention"
+    EFFORT = "effort_error"
 
 
 SIGNALS = tuple(Signal)
+#: the signals every calibration has; the effort signal needs an effort model (and efforts measured)
+BASE_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION)
 
 
 def prediction_error(predicted: np.ndarray, epistemic_std: np.ndarray, aleatoric_std: np.ndarray,

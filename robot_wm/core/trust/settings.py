@@ -1,0 +1,85 @@
+"""config/trust.yaml as the library reads it (the node reads the same file as --params-file)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from robot_wm.core.trust.monitor import TrustConfig
+from robot_wm.core.trust.signals import SIGNALS
+
+SECTION = "trust_monitor"
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How `robot-wm trust calibrate` makes thresholds (see config/trust.yaml)."""
+
+    exceedance: float = 1e-4
+    seconds: float = 600.0
+    floors: tuple[tuple[str, float], ...] = ()
+
+    def floor_map(self) -> dict[str, float]:
+        return dict(self.floors)
+
+
+def config_from_params(params: dict) -> tuple[TrustConfig, CalibrationSettings]:
+    """TrustConfig and CalibrationSettings from a ``ros__parameters`` mapping (missing: defaults).
+
+    Raises:
+        ValueError: a value of the wrong type or range (the message names the parameter).
+    """
+    d = TrustConfig()
+    kw = {}
+    for name in ("min_duration_s", "slow_ratio", "clean_hold_s", "human_after_s", "stale_s", "stop_stale_s", "clip_ratio", "effort_tau_s", "effort_clip_z"):
+        kw[name] = _number(params, name, getattr(d, name))
+    tau = params.get("tau_s", list(d.tau_s))
+    if not isinstance(tau, (list, tuple)) or not all(_is_number(x) for x in tau):
+        raise ValueError(f"{SECTION}.tau_s={tau!r}: expected {len(SIGNALS)} time constants (s)")
+    kw["tau_s"] = tuple(float(x) for x in tau)
+    kw["human_on_anomaly"] = bool(params.get("human_on_anomaly", d.human_on_anomaly))
+    config = TrustConfig(**kw)
+    exceedance = _number(params, "calibration_exceedance", 1e-4)
+    if not 0.0 < exceedance < 1.0:
+        raise ValueError(f"{SECTION}.calibration_exceedance={exceedance!r}: expected a probability in (0, 1)")
+    seconds = _number(params, "calibration_seconds", 600.0)
+    if seconds <= 0:
+        raise ValueError(f"{SECTION}.calibration_seconds={seconds!r}: expected a positive duration (s)")
+    floors = tuple((s.value, _number(params, f"floor_{s.value}", 0.0)) for s in SIGNALS)
+    return config, CalibrationSettings(exceedance, seconds, floors)
+
+
+def load_trust_config(path: Path | None = None) -> tuple[TrustConfig, CalibrationSettings]:
+    """Read config/trust.yaml (or ``path``).
+
+    Raises:
+        ValueError: unreadable file or a bad value (the message names the file and the parameter).
+    """
+    import yaml
+
+    from robot_wm.paths import config_path
+
+    path = Path(path) if path is not None else config_path("trust.yaml")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+        params = doc.get(SECTION, {}).get("ros__parameters", {})
+    except (OSError, yaml.YAMLError, AttributeError) as exc:
+        raise ValueError(f"{path}: cannot read {SECTION}.ros__parameters: {exc}") from exc
+    try:
+        return config_from_params(params)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def _is_number(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _number(params: dict, name: str, default: float) -> float:
+    v = params.get(name, default)
+    if not _is_number(v):
+        raise ValueError(f"{SECTION}.{name}={v!r}: expected a finite number")
+    return float(v)
+
+
+__all__ = ["CalibrationSettings", "config_from_params", "load_trust_config"]

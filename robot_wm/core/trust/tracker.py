@@ -1,0 +1,120 @@
+"""TrustTracker: pairs each world-model prediction with the joint state it predicted, adds the
+efforts and the filter's verdict, and runs the ``TrustMonitor`` on the result. The node and the
+library-mode runs (calibration, the detection benchmark) use this same object.
+
+    tracker = TrustTracker(TrustMonitor(config, calibration), kinematics, dt_s=0.01)
+    tracker.prediction(made_at_s, next_state, epistemic_std, aleatoric_std)  # for made_at + dt
+    out = tracker.measurement(t_s, q, qdot, effort, intervened)              # one period's verdict
+
+The filter's interventions count only while the level in force is FULL: under a reduced level the
+filter is *meant* to cut the nominal down to the scaled limits, and counting that would hold the
+level down by its own effect (a loop measured in library mode: SLOW made the filter act on 48 % of
+the periods, which kept the intervention signal over its threshold for good). Below FULL the
+intervention sample is 0, so the smoothed rate decays while the reduced level is in force.
+
+``raw`` holds the last period's unsmoothed signals (what calibration quantiles after smoothing).
+A prediction is used for the measurement whose stamp is within half a period of ``made_at + dt``;
+without one the period has no prediction signals (the monitor's ``stale_s`` turns a lasting gap
+into STOP). numpy + the kinematics (pinocchio); no rclpy.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust.effort import EffortModel, EffortSignal, features
+from robot_wm.core.trust.monitor import TrustMonitor, TrustOutput
+from robot_wm.core.trust.signals import Signal, disagreement, prediction_error
+
+
+class TrustTracker:
+    """See the module docstring.
+
+    Args:
+        monitor: the level state machine with its calibration.
+        kinematics: the arm's ``Kinematics`` (gravity torques for the effort signal).
+        dt_s: the control period the predictions are made for.
+        effort_model: the effort model; default: the calibration's (None: no effort signal).
+    """
+
+    def __init__(self, monitor: TrustMonitor, kinematics, dt_s: float, effort_model: EffortModel | None = None) -> None:
+        if not (math.isfinite(dt_s) and dt_s > 0):
+            raise ValueError(f"dt_s={dt_s!r}: expected a positive control period (s)")
+        self.monitor = monitor
+        self.kin = kinematics
+        self.dt_s = float(dt_s)
+        cal_effort = monitor.calibration.effort_model
+        self.effort_model = effort_model if effort_model is not None else (
+            EffortModel.from_dict(cal_effort, len(kinematics.joint_names)) if cal_effort is not None else None)
+        self.effort = EffortSignal(self.effort_model, monitor.config.effort_tau_s,
+                                   monitor.config.effort_clip_z) if self.effort_model else None
+        self._pending: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._prev: tuple[float, np.ndarray] | None = None  # (stamp, qdot) of the previous measurement
+        self.raw: dict[str, float | None] = {}
+        self.last_features: np.ndarray | None = None  # (N, F) of the last measurement with efforts
+
+    def prediction(self, made_at_s: float, next_state: np.ndarray, epistemic_std: np.ndarray,
+                   aleatoric_std: np.ndarray) -> None:
+        """A prediction made from the state stamped ``made_at_s``, for one period later."""
+        arrays = [np.asarray(a, dtype=float) for a in (next_state, epistemic_std, aleatoric_std)]
+        if not all(a.shape == arrays[0].shape and np.all(np.isfinite(a)) for a in arrays):
+            return  # a malformed prediction is no prediction (the node reports it)
+        self._pending.append((float(made_at_s) + self.dt_s, *arrays))
+        del self._pending[:-8]
+
+    def next_target_s(self) -> float | None:
+        """The stamp the oldest pending prediction is for (None: none pending)."""
+        return min((p[0] for p in self._pending), default=None)
+
+    def drop_through(self, target_s: float) -> None:
+        """Forget the pending predictions for stamps up to ``target_s``."""
+        self._pending = [p for p in self._pending if p[0] > target_s]
+
+    def _prediction_for(self, t_s: float):
+        best = None
+        for item in self._pending:
+            if abs(item[0] - t_s) <= 0.5 * self.dt_s and (best is None or abs(item[0] - t_s) < abs(best[0] - t_s)):
+                best = item
+        self._pending = [p for p in self._pending if p[0] > t_s + 0.5 * self.dt_s]
+        return best
+
+    def measurement(self, t_s: float, q_rad: np.ndarray, qdot_radps: np.ndarray, effort_nm: np.ndarray | None,
+                    intervened: bool | None) -> TrustOutput:
+        """One period: the joint state measured at ``t_s``, the filter's verdict.
+
+        ``effort_nm`` is the mean measured effort since the previous measurement (None: no
+        efforts): with q̈ the velocity change over the same interval, the effort model compares
+        the momentum balance of the whole interval, which does not depend on where in a command
+        period the joint states happen to be sampled."""
+        q, qd = np.asarray(q_rad, dtype=float), np.asarray(qdot_radps, dtype=float)
+        pred = self._prediction_for(t_s)
+        pe = dis = eff = None
+        if pred is not None and np.all(np.isfinite(q)) and np.all(np.isfinite(qd)):
+            _, mean, epi, ale = pred
+            measured = np.concatenate([q, qd])
+            if measured.shape == mean.shape:
+                pe = prediction_error(mean, epi, ale, measured)
+                n = len(qd)
+                dis = disagreement(epi[n:], ale[n:])
+        if intervened is not None and self.monitor.level != TrustLevel.FULL:
+            intervened = False
+        self.last_features = None
+        if effort_nm is not None and len(effort_nm) == len(qd) and self._prev is not None:
+            t_prev, qd_prev = self._prev
+            step = t_s - t_prev
+            tau = np.asarray(effort_nm, dtype=float)
+            if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and np.all(np.isfinite(tau)) and np.all(np.isfinite(q)):
+                self.last_features = features(self.kin.gravity_torque_nm(q), qd, (qd - qd_prev) / step)
+                if self.effort is not None:
+                    eff = self.effort.update(self.last_features, tau, step)
+        if np.all(np.isfinite(qd)):
+            self._prev = (float(t_s), qd.copy())
+        self.raw = {Signal.PREDICTION_ERROR.value: pe, Signal.DISAGREEMENT.value: dis,
+                    Signal.INTERVENTION.value: None if intervened is None else float(bool(intervened)),
+                    Signal.EFFORT.value: eff}
+        return self.monitor.step(t_s, prediction_error=pe, disagreement=dis, intervened=intervened, effort_error=eff)
+
+
+__all__ = ["TrustTracker"]

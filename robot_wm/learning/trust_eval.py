@@ -1,0 +1,337 @@
+"""The trust monitor in library mode: normal operation for calibration, faults for detection.
+
+``operate`` runs the embedded arm (``ArmSim`` on a profile) under the objects the nodes run: the
+shipped reach policy (``PolicyRunner``, the policy node's slew limit) on goals drawn in the task's
+goal box, each held until reached (success radius for the hold time, then a 0.5 s settle) or for
+6 s, as the goal sequencer does; the safety filter's ``SafetyController`` with its world model, a
+second ``WorldModelRunner`` predicting from each state and the command actually sent (the
+world_model node), and the ``TrustTracker`` (the trust_monitor node). Hours of operation take
+minutes, which is what a false-alarm rate per hour needs.
+
+``calibrate_run`` turns a normal run into a ``Calibration``: the effort model is fit on the first
+half, every signal is smoothed as the monitor smooths it, and the thresholds are the conformal
+quantiles of the second half (split conformal: the quantiled data was not fit on).
+
+``detection`` injects one fault per trial at a random time and measures, in control periods, when
+the level first leaves FULL; ``false_alarms`` counts level drops in normal operation.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from robot_wm.core.trust import Calibration, EffortModel, TrustConfig, TrustMonitor, calibrate
+from robot_wm.core.trust.effort import EffortSignal
+from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Ewma, Signal
+from robot_wm.core.trust.tracker import TrustTracker
+
+#: The injector's fault classes with the sizes the benchmark uses (FaultInjector.apply arguments).
+FAULTS: dict[str, dict] = {
+    "payload": {"payload_kg": 2.5},
+    "push": {"force_n": [0.0, 0.0, -30.0]},
+    "latency": {"latency_s": 0.03},
+    "sensor_freeze": {},
+    "sensor_noise": {"noise_std": 0.01},
+}
+#: The classes that change the arm's dynamics (the issue's 100 ms target is for these).
+DYNAMIC_FAULTS = ("payload", "push", "latency")
+SAMPLE_STEPS = 2  # physics steps (1 ms) between two joint-state samples: the embedded arm's 500 Hz
+GOAL_TIMEOUT_S = 6.0  # the goal sequencer's goal_timeout_s
+GOAL_SETTLE_S = 0.5  # its settle_s
+
+
+def _recording_calibration(model_version: str) -> Calibration:
+    """Thresholds that never fire: a run that only records the raw signals."""
+    return Calibration({s.value: math.inf for s in SIGNALS}, 0.5, model_version, "recording", 0)
+
+
+@dataclass
+class Run:
+    """One library-mode run, a row per control period."""
+
+    profile: str
+    t_s: np.ndarray
+    raw: dict[str, np.ndarray]  # signal -> unsmoothed values (NaN: not available that period)
+    features: np.ndarray  # (T, N, F) effort regressors (NaN rows: none that period)
+    effort_nm: np.ndarray  # (T, N)
+    level: np.ndarray  # (T,) TrustLevel values
+    fault_t_s: float | None = None
+    wall_s: float = 0.0
+    monitor_us: list[float] = field(default_factory=list)
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, new level, reason)
+    commands: list = field(default_factory=list)
+
+
+def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration | None = None,
+            config: TrustConfig | None = None, fault: tuple[str, float] | None = None,
+            models_dir: Path | None = None, progress: bool = False, stack=None,
+            level_schedule=None) -> Run:
+    """Run the embedded arm under the stack for ``seconds`` with the trust tracker watching.
+
+    Args:
+        profile: arm profile (``robot_wm.sim`` profiles).
+        calibration: the monitor's thresholds (None: record only, nothing fires).
+        fault: (kind, sim time) of one fault from ``FAULTS`` to inject, or None.
+        stack: a ``build_stack`` result to reuse (built when None).
+        level_schedule: t -> TrustLevel to give the filter instead of the monitor's verdict (a
+            calibration run that visits the reduced levels too).
+    """
+    from tqdm import tqdm
+
+    from robot_wm import description
+    from robot_wm.core.policy_runner import PolicyRunner, make_obs
+    from robot_wm.paths import data_path
+    from robot_wm.core.safety import FilterState, JointSample, NominalSample, SafetyController, TrustSample, WrenchSample
+    from robot_wm.core.slew import SlewLimiter
+    from robot_wm.core.tasks import get_task
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.learning.stack_eval import build_stack
+    from robot_wm.sim import ArmSim, load_profile
+
+    task = get_task("reach")
+    dt = task.control_dt_s
+    built = stack if stack is not None else build_stack(dt, models_dir)
+    kin, cfg = built.kinematics, built.config
+    names = tuple(kin.joint_names)
+    q0 = description.initial_positions(names)
+    rng = np.random.default_rng(seed)
+    sim = ArmSim(load_profile(profile), seed=seed, q0_rad=q0)
+    sim_steps = int(round(dt / sim.dt_s))
+    filt_wm = WorldModelRunner(built.world_model_path, names, dt)
+    wm = WorldModelRunner(built.world_model_path, names, dt)
+    ctrl = SafetyController(built.limits, kin, cfg, model=filt_wm)
+    slew = SlewLimiter(built.slew_delta_radps) if built.slew_delta_radps is not None else None  # the policy node's
+    policy_path = (Path(models_dir) / "policy.onnx") if models_dir is not None else data_path("models", "policy.onnx")
+    policy = PolicyRunner(policy_path, names, dt, task.action_limit_radps, task="reach")
+    cal = calibration if calibration is not None else _recording_calibration(wm.version)
+    tracker = TrustTracker(TrustMonitor(config or TrustConfig(), cal), kin, dt)
+    box_lo, box_hi = np.asarray(task.spec.goal_box_min_m), np.asarray(task.spec.goal_box_max_m)
+
+    n, n_j = int(round(seconds / dt)), len(names)
+    t_arr, level = np.zeros(n), np.zeros(n, int)
+    raw = {s.value: np.full(n, np.nan) for s in SIGNALS}
+    feats, efforts = np.full((n, n_j, 5), np.nan), np.zeros((n, n_j))
+    run = Run(profile, t_arr, raw, feats, efforts, level, None if fault is None else float(fault[1]))
+    goal, goal_t, inside_t, reached_t, enabled = rng.uniform(box_lo, box_hi), 0.0, None, None, False
+    intervened, last_level, effort_mean = None, None, None
+    feed_filter = calibration is not None  # a recording run has no verdict to give the filter
+    fault_done = fault is None
+    started = time.perf_counter()
+    with tqdm(total=n, unit="period", desc=f"trust {profile}", file=sys.stderr, disable=not progress,
+              mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=False) as bar:
+        for k in range(n):
+            t = k * dt
+            if not fault_done and t >= fault[1]:
+                sim.faults.apply(fault[0], **FAULTS[fault[0]])
+                fault_done = True
+            js = sim.joint_state()
+            q, qd = js.position_rad, js.velocity_radps
+            tool = kin.tool_position_m(q)
+            if enabled:  # the goal sequencer: reached (radius, hold, settle) or timed out -> the next goal
+                inside_t = (inside_t if inside_t is not None else t) \
+                    if np.linalg.norm(tool - goal) <= task.spec.success_radius_m else None
+                if reached_t is None and inside_t is not None and t - inside_t >= task.spec.success_hold_s:
+                    reached_t = t
+                if (reached_t is not None and t - reached_t >= GOAL_SETTLE_S) or t - goal_t >= GOAL_TIMEOUT_S:
+                    goal, goal_t, inside_t, reached_t = rng.uniform(box_lo, box_hi), t, None, None
+            else:
+                goal_t = t
+            nominal = np.asarray(policy.act(make_obs(q, qd, tool, goal)), dtype=float) if enabled else np.zeros(n_j)
+            if slew is not None:
+                nominal = slew.limit(nominal, qd)
+            t0 = time.perf_counter()
+            effort = js.effort_nm if effort_mean is None else effort_mean
+            out = tracker.measurement(t, q, qd, effort, intervened)
+            run.monitor_us.append((time.perf_counter() - t0) * 1e6)
+            if out.level != last_level:
+                run.events.append((t, out.level.name, out.reason))
+                last_level = out.level
+            force, _ = sim.wrench()
+            if level_schedule is not None:
+                trust = TrustSample(level_schedule(t), cfg.default_phase, t, "calibration schedule")
+            else:
+                trust = TrustSample(out.level, cfg.default_phase, t, out.reason) if feed_filter else None
+            res = ctrl.step(t, joint=JointSample(q, qd, t), nominal=NominalSample(nominal, t),
+                            wrench=WrenchSample(force, t, cfg.ft_frame), trust=trust)
+            intervened = res.state == FilterState.FILTERING
+            if not enabled:
+                enabled = ctrl.reset()[0]
+            command = np.asarray(res.u_safe_radps, dtype=float)
+            run.commands.append(command)
+            pred = wm.predict(q, qd, command)
+            tracker.prediction(t, pred.next_state, pred.epistemic_std, pred.aleatoric_std)
+            t_arr[k], level[k] = t, int(out.level)
+            for key, v in tracker.raw.items():
+                if v is not None:
+                    raw[key][k] = v
+            if tracker.last_features is not None:
+                feats[k] = tracker.last_features
+            efforts[k] = effort  # what the tracker judged: the calibration must fit the same quantity
+            sim.set_command(command)
+            # the period's mean effort, sampled at the embedded arm's 500 Hz as the node sees it
+            samples = []
+            for _ in range(max(sim_steps // SAMPLE_STEPS, 1)):
+                sim.step(SAMPLE_STEPS)
+                samples.append(sim.joint_state().effort_nm)
+            if sim_steps > SAMPLE_STEPS * len(samples):
+                sim.step(sim_steps - SAMPLE_STEPS * len(samples))
+            effort_mean = np.mean(samples, axis=0)
+            bar.update(1)
+    run.wall_s = time.perf_counter() - started
+    return run
+
+
+def smooth(values: np.ndarray, tau_s: float, dt_s: float) -> np.ndarray:
+    """The monitor's EWMA (initial 0) over a stream; NaN samples leave the mean unchanged."""
+    ewma, out = Ewma(tau_s, initial=0.0), np.zeros(len(values))
+    for i, x in enumerate(values):
+        out[i] = ewma.value if not math.isfinite(x) else ewma.update(x, dt_s)
+    return out
+
+
+def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config: TrustConfig, *,
+                  model_version: str, source: str, settle_s: float = 3.0, dt_s: float = 0.01) -> Calibration:
+    """A calibration from a normal run (see the module docstring)."""
+    keep = run.t_s >= run.t_s[0] + settle_s
+    idx = np.flatnonzero(keep)
+    fit, held = idx[: len(idx) // 2], idx[len(idx) // 2:]
+    ok = fit[np.all(np.isfinite(run.features[fit]), axis=(1, 2))]
+    effort = EffortModel.fit(run.features[ok], run.effort_nm[ok])
+    signal = EffortSignal(effort, config.effort_tau_s, config.effort_clip_z)
+    eff = np.full(len(run.t_s), np.nan)
+    for i in held:
+        if np.all(np.isfinite(run.features[i])):
+            eff[i] = signal.update(run.features[i], run.effort_nm[i], dt_s)
+    streams = {}
+    for sig, tau in zip(SIGNALS, config.tau_s):
+        values = eff if sig is Signal.EFFORT else run.raw[sig.value]
+        streams[sig.value] = smooth(values[held], tau, dt_s)
+    return calibrate(streams, exceedance, floors, model_version=model_version, source=source,
+                     effort_model=effort.to_dict())
+
+
+def level_drops(run: Run, after_s: float = 3.0) -> np.ndarray:
+    """Times (s) at which the level left FULL (after ``after_s``, the start-up)."""
+    full = run.level == 0
+    onsets = np.flatnonzero(full[:-1] & ~full[1:]) + 1
+    return run.t_s[onsets][run.t_s[onsets] >= after_s]
+
+
+def detection_latency_periods(run: Run, dt_s: float = 0.01) -> float | None:
+    """Periods from the fault's onset to the first level below FULL (None: not within the run)."""
+    drops = run.t_s[(run.level != 0) & (run.t_s >= run.fault_t_s)]
+    return None if drops.size == 0 else float(round((drops[0] - run.fault_t_s) / dt_s))
+
+
+__all__ = ["BASE_SIGNALS", "DYNAMIC_FAULTS", "FAULTS", "Run", "calibrate_run", "detection_latency_periods",
+           "level_drops", "operate", "smooth"]
+
+
+def default_calibration_path(profile: str) -> Path:
+    """models/trust/<profile>.json of the package (where the node looks by default)."""
+    from robot_wm.paths import data_path
+
+    return data_path("models", "trust", f"{Path(profile).stem}.json", must_exist=False)
+
+
+def calibrate_profile(profile: str, *, seconds: float | None = None, seed: int = 0, out: Path | None = None,
+                      models_dir: Path | None = None, config_file: Path | None = None,
+                      progress: bool = True) -> tuple[Path, Calibration, Run]:
+    """`robot-wm trust calibrate`: operate the embedded arm normally, calibrate, write the file.
+
+    Returns:
+        (the file written, the calibration, the run it came from).
+    """
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.learning.stack_eval import build_stack
+
+    config, settings = load_trust_config(config_file)
+    stack = build_stack(0.01, models_dir)
+    version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01).version
+    run = operate(profile, seconds or settings.seconds, seed, config=config, stack=stack, progress=progress)
+    cal = calibrate_run(run, settings.exceedance, settings.floor_map(), config, model_version=version,
+                        source=f"library:{profile}:seed{seed}:{run.t_s[-1] + 0.01:.0f}s")
+    path = calib_io.save(cal, Path(out) if out is not None else default_calibration_path(profile))
+    return path, cal, run
+
+
+def calibrate_live(profile: str, seconds: float, *, out: Path | None = None, task: str = "reach") -> Path:
+    """`robot-wm trust calibrate --live`: the whole graph on the embedded arm with the trust monitor
+    recording ``seconds`` of normal operation (``calibrate_s``); it writes the file itself.
+
+    Returns:
+        The calibration file written. Raises RuntimeError when the graph fails or the file never comes.
+    """
+    from robot_wm.graph import plan, policy_overrides
+    from robot_wm.process_group import ProcessGroup
+    from robot_wm.rosenv import loopback_env
+
+    path = Path(out) if out is not None else default_calibration_path(profile)
+    before = path.stat().st_mtime_ns if path.exists() else None
+    overrides = {"profile": profile, "calibrate_s": float(seconds), **policy_overrides(task, "trust calibrate")}
+    if out is not None:
+        overrides["calibration_file"] = str(path)
+    deadline = time.monotonic() + seconds + 120.0
+    with ProcessGroup(plan("mujoco", overrides=overrides, enable=True, task=task), loopback_env()) as group:
+        while True:
+            if path.exists() and path.stat().st_mtime_ns != before:
+                time.sleep(1.0)  # the monitor logs its thresholds and starts judging with them
+                return path
+            failed = group.failed()
+            if failed:
+                raise RuntimeError(f"{', '.join(c.spec.name for c in failed)} exited before the calibration was written")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no calibration written to {path} within {seconds + 120:.0f} s")
+            time.sleep(0.2)
+
+
+def calibrate_main(args) -> int:
+    """The `robot-wm trust calibrate` verb."""
+    from robot_wm.core.onnx_model import ModelError
+    from robot_wm.core.trust import CalibrationError, EffortModelError
+    from robot_wm.sim import ProfileError
+
+    if args.live:
+        from robot_wm.core.trust import calibration as calib_io
+        from robot_wm.core.trust.settings import load_trust_config
+
+        settings = load_trust_config()[1]
+        seconds = args.seconds or settings.seconds
+        need = 3.0 + 1.5 * 2.0 / settings.exceedance * 0.01  # settle + two halves, ~2/3 of the periods judged
+        if seconds < need:
+            print(f"robot-wm trust calibrate --live: {seconds:g} s is too short for exceedance {settings.exceedance:g} "
+                  f"(config/trust.yaml): use --seconds {math.ceil(need)} or more", file=sys.stderr)
+            return 2
+        try:
+            path = calibrate_live(args.profile, seconds, out=Path(args.out) if args.out else None)
+            cal = calib_io.load(path)
+        except (RuntimeError, CalibrationError, ValueError, OSError) as exc:
+            print(f"robot-wm trust calibrate --live: {exc}", file=sys.stderr)
+            return 1
+        print(f"trust calibration (ROS path, {seconds:g} s) for world model {cal.model_version} on {args.profile}: "
+              f"{cal.periods} held-out periods at exceedance {cal.exceedance:g}")
+        for name, value in cal.thresholds.items():
+            print(f"  {name:<17} threshold {value:.4g}")
+        print(f"written to {path}")
+        return 0
+    try:
+        path, cal, run = calibrate_profile(args.profile, seconds=args.seconds, seed=args.seed,
+                                           out=Path(args.out) if args.out else None,
+                                           models_dir=Path(args.models) if args.models else None,
+                                           progress=not args.no_progress)
+    except (CalibrationError, EffortModelError, ModelError, ProfileError, ValueError, OSError) as exc:
+        print(f"robot-wm trust calibrate: {exc}", file=sys.stderr)
+        return 1
+    print(f"trust calibration for world model {cal.model_version} on {args.profile}: {cal.periods} held-out periods "
+          f"at exceedance {cal.exceedance:g} ({run.wall_s:.0f} s)")
+    for name, value in cal.thresholds.items():
+        print(f"  {name:<17} threshold {value:.4g}")
+    print(f"written to {path}")
+    return 0

@@ -1,0 +1,358 @@
+"""trust_monitor: how far the world model can be trusted right now, as a TrustState for the filter.
+
+Each control period it pairs the world model's prediction (/robot_wm/prediction, stamped with the
+joint state it started from, for one period later) with the joint state measured then
+(/joint_states: positions, velocities, efforts), adds the safety filter's verdict
+(/robot_wm/safety_status: FILTERING = an intervention) and runs ``robot_wm.core.trust``'s
+``TrustTracker``: calibrated signals, two-signal anomalies, levels that step down at once and up
+after a clean hold. Output: ``TrustState`` on /robot_wm/trust every period, a DiagnosticStatus on
+/diagnostics each second and on every level change, and ``~/acknowledge`` (std_srvs/Trigger) for
+an operator to release HUMAN.
+
+Fail-safe: without a usable calibration for the running world model (missing file, another model's
+calibration), without predictions or without joint states it publishes STOP with the reason, so
+the filter holds the arm; a callback error is logged and the last level is kept (never raised).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import time
+import traceback
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.context import Context
+from rclpy.lifecycle import State, TransitionCallbackReturn
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from std_srvs.srv import Trigger
+
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.msg import SafetyStatus, TrustState, WorldModelPrediction
+from robot_wm.nodes.control_node import ControlNode
+from robot_wm.nodes.conversions import InputError, stamp_to_s
+from robot_wm.nodes.params import declare
+from robot_wm.nodes.runner import main_for
+
+_FILTERING = 1  # SafetyStatus.STATE_FILTERING
+_STATUS_FRESH_S = 0.1  # a safety status older than this says nothing about this period
+_DIAG_LEVELS = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.WARN,
+                3: DiagnosticStatus.ERROR, 4: DiagnosticStatus.ERROR}
+
+
+class TrustMonitorNode(ControlNode):
+    """See the module docstring."""
+
+    def __init__(self, context: Context | None = None, node_name: str = "trust_monitor") -> None:
+        super().__init__(node_name, context=context)
+        from robot_wm.core.trust.monitor import TrustConfig
+
+        d = TrustConfig()
+        self.params = {
+            "tau_s": list(declare(self, "tau_s", list(d.tau_s), "EWMA time constants (s) of prediction_error, "
+                                  "disagreement, intervention, effort_error", read_only=True)),
+            **{name: declare(self, name, float(getattr(d, name)), doc, read_only=True) for name, doc in (
+                ("effort_tau_s", "per-joint smoothing of the signed effort z-scores (s)"),
+                ("effort_clip_z", "clip on each joint's effort z-score before that smoothing"),
+                ("min_duration_s", "a signal over its threshold this long counts (s)"),
+                ("slow_ratio", "one signal at this multiple of its threshold -> SLOW"),
+                ("clean_hold_s", "better evidence this long -> one level up (s)"),
+                ("human_after_s", "STOP longer than this -> HUMAN (s)"),
+                ("stale_s", "no prediction this long -> SLOW (s)"),
+                ("stop_stale_s", "no prediction this long -> STOP (s)"),
+                ("clip_ratio", "samples enter their EWMA clipped to this multiple of the threshold"))},
+        }
+        defaults = {"calibration_exceedance": 1e-4, "calibration_seconds": 600.0}
+        for name in ("calibration_exceedance", "calibration_seconds", "floor_prediction_error", "floor_disagreement",
+                     "floor_intervention", "floor_effort_error"):
+            self.params[name] = declare(self, name, defaults.get(name, 0.0), "calibration (config/trust.yaml)",
+                                        read_only=True)
+        self.calibrate_s = declare(self, "calibrate_s", 0.0, "record this many seconds of normal operation, then "
+                                   "write the calibration and judge with it (0: judge with the calibration file)",
+                                   range_=(0.0, 36000.0), read_only=True)
+        self.calibration_file = declare(self, "calibration_file", "", "trust calibration JSON (empty: "
+                                        "models/trust/<profile>.json of the package)", read_only=True)
+        self.profile = declare(self, "profile", "nominal", "the arm profile whose calibration is the default",
+                               read_only=True)
+        self.phase = declare(self, "phase", 2, "deployment phase published in TrustState (PHASE_*)", range_=(0, 2),
+                             read_only=True)
+        self.tracker = None
+        self.calibration = None
+        self._recording: dict | None = None  # calibrate_s > 0: what normal operation looked like
+        self.problem = "not configured"  # why the monitor says STOP on its own (None: it judges)
+        self._js: collections.deque = collections.deque(maxlen=64)  # (stamp_s, q, qd, effort or None)
+        self._measured_stamp = -math.inf
+        self._status: tuple[float, int] | None = None
+        self._model_version: str | None = None
+        self._out = None
+        self._last_published: tuple | None = None
+        self._last_level = None
+        self._reported: set[str] = set()
+        self.callback_errors = 0
+        self._trust_pub = self._diag_pub = None
+        self.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._guard(self._on_prediction), 10)
+        self.create_subscription(SafetyStatus, "/robot_wm/safety_status", self._guard(self._on_status), 10)
+        self.create_subscription(JointState, self.joint_states_topic, self._guard(self._on_joint_state_full),
+                                 QoSProfile(depth=20, reliability=ReliabilityPolicy.RELIABLE))
+        self.create_service(Trigger, "~/acknowledge", self._on_acknowledge)
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_configure(self, state: State) -> TransitionCallbackReturn:
+        from robot_wm import description
+        from robot_wm.core.kinematics import Kinematics
+        from robot_wm.core.task import load_task
+        from robot_wm.core.trust import CalibrationError, EffortModelError, TrustMonitor
+        from robot_wm.core.trust import calibration as calib_io
+        from robot_wm.core.trust.settings import config_from_params
+        from robot_wm.core.trust.tracker import TrustTracker
+        from robot_wm.learning.trust_eval import default_calibration_path
+
+        self._trust_pub = self.create_lifecycle_publisher(TrustState, "/robot_wm/trust", 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        try:
+            config, _ = config_from_params(self.params)
+            urdf = description.expand()
+            if self.joint_names == [""]:
+                self.joint_names = list(description.joint_limits(urdf).names)
+            kin = Kinematics(urdf, self.joint_names)
+            self.dt_s = load_task().control_dt_s
+        except (ValueError, OSError) as exc:
+            self.get_logger().error(f"configure failed: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        path = self.calibration_file or str(default_calibration_path(self.profile))
+        self._config, self._kin, self._path = config, kin, path
+        if self.calibrate_s > 0:
+            from robot_wm.learning.trust_eval import _recording_calibration
+
+            self._recording = {"t": [], "raw": [], "features": [], "effort": []}
+            self.calibration = _recording_calibration("any")
+            self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s)
+            self.problem = None
+            self.get_logger().warning(
+                f"calibrating: recording {self.calibrate_s:g} s of normal operation, then writing {path}; until then "
+                f"the monitor does not judge (level {'FULL on the simulator' if self.phase == 0 else 'CAUTIOUS'})")
+            return TransitionCallbackReturn.SUCCESS
+        try:
+            self.calibration = calib_io.load(path)
+            self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s)
+            self.problem = None
+            self.get_logger().info(f"trust calibration {path} (world model {self.calibration.model_version}, "
+                                   f"{self.calibration.source}): thresholds "
+                                   + ", ".join(f"{k} {v:.3g}" for k, v in self.calibration.thresholds.items()))
+        except (CalibrationError, EffortModelError) as exc:
+            # still configured: it publishes STOP with this reason, so the filter holds the arm
+            self.problem = f"no usable trust calibration: {exc}"
+            self.get_logger().error(f"{self.problem}; publishing STOP (run `robot-wm trust calibrate`)")
+        return TransitionCallbackReturn.SUCCESS
+
+    # ------------------------------------------------------------------ inputs
+    def _guard(self, fn):
+        def run(*args):
+            try:
+                return fn(*args)
+            except Exception:  # noqa: BLE001 - the monitor outlives its own bugs; the last level is kept
+                self.callback_errors += 1
+                name = fn.__name__
+                if name not in self._reported:
+                    self._reported.add(name)
+                    self.get_logger().error(f"callback {name} raised (further errors only counted):\n"
+                                            f"{traceback.format_exc()}")
+                return None
+        return run
+
+    def _on_joint_state_full(self, msg: JointState) -> None:
+        if self.joint_names == [""] or not msg.name:
+            return
+        try:
+            index = [list(msg.name).index(n) for n in self.joint_names]
+        except ValueError:
+            return  # another arm's or a malformed message: the filter latches on it; here it is skipped
+        q = np.array([msg.position[i] for i in index], dtype=float) if len(msg.position) == len(msg.name) else None
+        qd = np.array([msg.velocity[i] for i in index], dtype=float) if len(msg.velocity) == len(msg.name) else None
+        if q is None or qd is None:
+            return
+        effort = np.array([msg.effort[i] for i in index], dtype=float) if len(msg.effort) == len(msg.name) else None
+        self._js.append((stamp_to_s(msg.header.stamp), q, qd, effort, time.monotonic()))
+
+    def _on_prediction(self, msg: WorldModelPrediction) -> None:
+        if self.tracker is None or msg.horizon_steps < 1 or list(msg.joint_names) != self.joint_names:
+            return
+        n = len(self.joint_names)
+        arrays = [np.asarray(a, dtype=float)[:n] for a in (
+            msg.position_rad, msg.velocity_radps, msg.position_std_epistemic_rad, msg.velocity_std_epistemic_radps,
+            msg.position_std_aleatoric_rad, msg.velocity_std_aleatoric_radps)]
+        if any(a.shape != (n,) for a in arrays):
+            return
+        self._model_version = msg.model_version
+        if self._recording is not None:
+            self.calibration = type(self.calibration)(self.calibration.thresholds, 0.5, msg.model_version, "recording", 0)
+        if msg.model_version != self.calibration.model_version:
+            self.problem = (f"trust calibration is for world model {self.calibration.model_version!r}, the running "
+                            f"one is {msg.model_version!r}: run `robot-wm trust calibrate` again")
+            return
+        if self.problem and self.problem.startswith("trust calibration is for"):
+            self.problem = None
+        mean = np.concatenate(arrays[:2])
+        self.tracker.prediction(stamp_to_s(msg.header.stamp), mean, np.concatenate(arrays[2:4]),
+                                np.concatenate(arrays[4:6]))
+
+    def _on_status(self, msg: SafetyStatus) -> None:
+        self._status = (time.monotonic(), int(msg.state))
+
+    def _on_acknowledge(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        try:
+            if self.tracker is None:
+                response.success, response.message = False, self.problem or "not configured"
+            else:
+                response.success, response.message = self.tracker.monitor.acknowledge()
+            self.get_logger().warning(f"operator acknowledge: {'accepted' if response.success else 'refused'}: "
+                                      f"{response.message}")
+        except Exception as exc:  # noqa: BLE001
+            response.success, response.message = False, f"acknowledge failed inside the monitor: {exc!r}"
+        return response
+
+    # ------------------------------------------------------------------ the period
+    def control_step(self) -> None:
+        try:
+            self._step()
+        except Exception:  # noqa: BLE001
+            self.callback_errors += 1
+            if "step" not in self._reported:
+                self._reported.add("step")
+                self.get_logger().error(f"trust step raised (the last level is kept):\n{traceback.format_exc()}")
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        fresh = [s for s in self._js if now - s[4] <= self.stale_s]
+        if self.problem or self.tracker is None:
+            self._publish(3, 0.0, math.nan, math.nan, self.problem or "not configured")
+            return
+        if not fresh:
+            self._publish(3, 0.0, math.nan, math.nan, "no fresh joint state")
+            return
+        sample = self._pick(fresh)
+        if sample is None:
+            if self._last_published is not None:  # nothing to measure this period: repeat the verdict
+                self._publish(*self._last_published)
+            return
+        efforts = [s[3] for s in self._js if self._measured_stamp < s[0] <= sample[0] and s[3] is not None]
+        effort = np.mean(efforts, axis=0) if efforts else sample[3]
+        self._measured_stamp = sample[0]
+        intervened = None
+        if self._status is not None and now - self._status[0] <= _STATUS_FRESH_S:
+            intervened = self._status[1] == _FILTERING
+        self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
+        if self._recording is not None:
+            self._record(sample[0], effort)
+            return
+        self._publish_out(self._out)
+
+    def _pick(self, fresh: list):
+        """The joint state to judge this period: the one a pending prediction is for (nearest to its
+        stamp, within half a period), else the newest once a period has passed (no prediction for
+        it: the monitor's staleness rule decides), else None (wait for the predicted stamp)."""
+        half = 0.5 * self.dt_s
+        new = [s for s in fresh if s[0] - self._measured_stamp >= half]
+        if not new:
+            return None
+        target = self.tracker.next_target_s()
+        while target is not None and target < new[0][0] - half:
+            self.tracker.drop_through(target)  # its state is gone (or was judged): it pairs with nothing
+            target = self.tracker.next_target_s()
+        if target is not None:
+            near = min(new, key=lambda s: abs(s[0] - target))
+            if abs(near[0] - target) <= half and new[-1][0] >= target - 1e-3:
+                return near
+            if target > new[-1][0]:
+                return None if new[-1][0] - self._measured_stamp < 2.0 * self.dt_s else new[-1]
+        return new[-1] if new[-1][0] - self._measured_stamp >= self.dt_s else None
+
+    # ------------------------------------------------------------------ calibration
+    def _record(self, t_s: float, effort) -> None:
+        from robot_wm.core.trust.signals import SIGNALS
+
+        rec = self._recording
+        rec["t"].append(t_s)
+        rec["raw"].append([math.nan if self.tracker.raw.get(s.value) is None else self.tracker.raw[s.value]
+                           for s in SIGNALS])
+        f = self.tracker.last_features
+        n = len(self.joint_names)
+        rec["features"].append(np.full((n, 5), np.nan) if f is None else f)
+        rec["effort"].append(np.zeros(n) if effort is None else effort)
+        elapsed = t_s - rec["t"][0]
+        level = 0 if self.phase == 0 else 1
+        if elapsed < self.calibrate_s:
+            self._publish(level, 1.0, math.nan, math.nan,
+                          f"calibrating: {elapsed:.0f} of {self.calibrate_s:g} s of normal operation recorded")
+            return
+        self._finish_calibration()
+
+    def _finish_calibration(self) -> None:
+        from robot_wm.core.trust import CalibrationError, EffortModelError, TrustMonitor
+        from robot_wm.core.trust import calibration as calib_io
+        from robot_wm.core.trust.settings import config_from_params
+        from robot_wm.core.trust.signals import SIGNALS
+        from robot_wm.core.trust.tracker import TrustTracker
+        from robot_wm.learning.trust_eval import Run, calibrate_run
+
+        rec, self._recording = self._recording, None
+        raw = np.asarray(rec["raw"], dtype=float)
+        run = Run(self.profile, np.asarray(rec["t"]), {s.value: raw[:, i] for i, s in enumerate(SIGNALS)},
+                  np.asarray(rec["features"]), np.asarray(rec["effort"]), np.zeros(len(rec["t"]), int))
+        _, settings = config_from_params(self.params)
+        try:
+            cal = calibrate_run(run, settings.exceedance, settings.floor_map(), self._config,
+                                model_version=self._model_version or "unknown",
+                                source=f"ros:{self.profile}:{run.t_s[-1] - run.t_s[0]:.0f}s", dt_s=self.dt_s)
+            calib_io.save(cal, self._path)
+        except (CalibrationError, EffortModelError, OSError, ValueError) as exc:
+            self.problem = f"calibration failed: {exc}"
+            self.get_logger().error(f"{self.problem}; publishing STOP")
+            return
+        self.calibration = cal
+        self.tracker = TrustTracker(TrustMonitor(self._config, cal), self._kin, self.dt_s)
+        self.get_logger().warning(
+            f"calibration written to {self._path} ({cal.periods} held-out periods, exceedance {cal.exceedance:g}): "
+            + ", ".join(f"{k} {v:.3g}" for k, v in cal.thresholds.items()) + "; judging with it from now on")
+
+    # ------------------------------------------------------------------ output
+    def _publish_out(self, out) -> None:
+        self._publish(int(out.level), out.score, out.normalized_error, out.threshold, out.reason, out.ratios)
+
+    def _publish(self, level: int, score: float, error: float, threshold: float, reason: str,
+                 ratios: dict | None = None) -> None:
+        self._last_published = (level, score, error, threshold, reason, ratios)
+        msg = TrustState(score=float(score), level=int(level), phase=int(self.phase),
+                         normalized_error=float(error), threshold=float(threshold), reason=reason)
+        msg.header.stamp = self.get_clock().now().to_msg()
+        if self._trust_pub is not None:
+            self._trust_pub.publish(msg)
+        changed = level != self._last_level
+        if changed:
+            if level == 0:
+                self.get_logger().info(f"trust level FULL: {reason}")
+            else:
+                self.get_logger().warning(f"trust level {TrustLevel(level).name}: {reason}")
+            self._last_level = level
+        if changed or not hasattr(self, "_diag_t") or time.monotonic() - self._diag_t >= 1.0:
+            self._diag_t = time.monotonic()
+            status = DiagnosticStatus(name="robot_wm/trust_monitor", hardware_id="world_model",
+                                      level=_DIAG_LEVELS[level], message=reason[:200])
+            values = {"level": str(level), "score": f"{score:.3f}", "phase": str(self.phase),
+                      "callback_errors": str(self.callback_errors),
+                      "model_version": self._model_version or "none"}
+            for k, v in (ratios or {}).items():
+                values[f"ratio_{k}"] = f"{v:.3f}"
+            if self.calibration is not None:
+                values["calibration_model_version"] = self.calibration.model_version
+                values["calibration_source"] = self.calibration.source
+            status.values = [KeyValue(key=k, value=v) for k, v in values.items()]
+            if self._diag_pub is not None:
+                self._diag_pub.publish(DiagnosticArray(status=[status]))
+
+
+main = main_for(TrustMonitorNode)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The trust monitor beyond its state machine: the effort model, the tracker's pairing, calibration
+files with an effort model, config/trust.yaml, the library-mode loop (a payload is seen, normal
+operation is quiet) and the trust_monitor node in the whole ROS graph."""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from conftest import wait_for
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust import Calibration, CalibrationError, EffortModel, EffortModelError, TrustConfig, TrustMonitor
+from robot_wm.core.trust import calibration as calib_io
+from robot_wm.core.trust.effort import FEATURES, EffortSignal, features
+from robot_wm.core.trust.settings import config_from_params, load_trust_config
+from robot_wm.core.trust.tracker import TrustTracker
+
+DT = 0.01
+EFFORT_OVER = re.compile(r"effort_error [0-9.e+-]+ > ")
+
+
+def _kin():
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+
+    urdf = description.expand()
+    return Kinematics(urdf, description.joint_limits(urdf).names)
+
+
+# ------------------------------------------------------------------------------- effort model
+def test_effort_fit_recovers_the_coefficients_and_scores_a_load_as_a_bias():
+    rng = np.random.default_rng(0)
+    t, n = 2000, 6
+    g, v, a = rng.normal(0, 20, (t, n)), rng.normal(0, 0.5, (t, n)), rng.normal(0, 2, (t, n))
+    feats = features(g, v, a)
+    true = rng.normal(0, 1, (n, len(FEATURES)))
+    tau = np.einsum("tjf,jf->tj", feats, true) + rng.normal(0, 0.3, (t, n))
+    model = EffortModel.fit(feats, tau)
+    assert np.allclose(model.coefficients, true, atol=0.05)
+    assert np.allclose(model.residual_std_nm, 0.3, rtol=0.1)
+    signal = EffortSignal(model, tau_s=0.05)
+    quiet = [signal.update(feats[i], tau[i], DT) for i in range(200)]
+    loaded = [signal.update(feats[i], tau[i] + np.array([0, 2.0, 2.0, 0, 0, 0]), DT) for i in range(200, 260)]
+    assert max(quiet) < 1.0 < 2.0 < min(loaded[20:])
+    # a single wild sample moves the smoothed signal by at most alpha * clip (clip_z 4)
+    signal.reset()
+    spike = signal.update(feats[0], tau[0] + 1e3, DT)
+    assert spike <= (1 - math.exp(-DT / 0.05)) * 4.0 + 1e-9
+
+
+@pytest.mark.parametrize("mutate,words", [
+    (lambda d: d.update(features=["gravity"]), "features"),
+    (lambda d: d.update(coulomb_velocity_radps=0.5), "coulomb_velocity_radps"),
+    (lambda d: d.update(coefficients=[[1.0] * 5] * 5), "residual_std_nm (6,)"),
+    (lambda d: d.update(residual_std_nm=[0.0] * 6), "non-positive residual std"),
+    (lambda d: d.pop("coefficients"), "unreadable"),
+])
+def test_a_bad_effort_model_is_refused_naming_the_field(mutate, words):
+    doc = EffortModel(np.ones((6, 5)), np.ones(6)).to_dict()
+    mutate(doc)
+    with pytest.raises(EffortModelError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        EffortModel.from_dict(doc, 6)
+
+
+def test_too_little_normal_operation_for_an_effort_fit_is_refused():
+    with pytest.raises(EffortModelError, match="need at least 50"):
+        EffortModel.fit(np.ones((10, 6, 5)), np.ones((10, 6)))
+
+
+# ------------------------------------------------------------------------------- tracker
+def _cal(effort=None, **thresholds):
+    base = {"prediction_error": 2.0, "disagreement": 1.0, "intervention": 0.25}
+    if effort is not None:
+        base["effort_error"] = 2.0
+    base.update(thresholds)
+    return Calibration(base, 1e-3, "wm-test", "test", 10_000, effort_model=effort)
+
+
+def test_the_tracker_pairs_a_prediction_with_the_state_one_period_later():
+    kin = _kin()
+    tracker = TrustTracker(TrustMonitor(TrustConfig(), _cal()), kin, DT)
+    q, qd = np.zeros(6), np.zeros(6)
+    std = np.full(12, 0.1)
+    mean = np.concatenate([q, qd + 0.2])  # predicts 0.2 rad/s on every joint
+    tracker.prediction(1.00, mean, std, std)
+    tracker.measurement(1.012, q, qd, None, False)  # 2 ms after the predicted stamp: paired
+    assert tracker.raw["prediction_error"] is not None
+    tracker.prediction(2.00, mean, std, std)
+    tracker.measurement(2.02, q, qd, None, False)  # two periods later: no pairing
+    assert tracker.raw["prediction_error"] is None
+    tracker.prediction(3.00, mean, std, std)
+    tracker.measurement(3.01, q, qd, None, False)
+    z = np.sqrt(np.mean(np.r_[np.zeros(6), np.full(6, 0.2 / math.hypot(0.1, 0.1))] ** 2))
+    assert tracker.raw["prediction_error"] == pytest.approx(z)
+    # a malformed prediction is no prediction
+    tracker.prediction(4.00, mean[:6], std, std)
+    tracker.prediction(5.00, np.full(12, np.nan), std, std)
+    assert tracker.next_target_s() is None
+
+
+def test_interventions_count_only_at_full():
+    """Below FULL the filter is meant to cut the nominal to the scaled limits: not evidence."""
+    tracker = TrustTracker(TrustMonitor(TrustConfig(), _cal()), _kin(), DT)
+    assert tracker.monitor.level == TrustLevel.STOP
+    tracker.measurement(0.0, np.zeros(6), np.zeros(6), None, True)
+    assert tracker.raw["intervention"] == 0.0
+
+
+# ------------------------------------------------------------------------------- calibration files
+def test_a_calibration_with_an_effort_model_round_trips_and_is_checked(tmp_path):
+    effort = EffortModel(np.ones((6, 5)), np.ones(6)).to_dict()
+    cal = _cal(effort)
+    path = calib_io.save(cal, tmp_path / "trust" / "nominal.json")
+    back = calib_io.load(path, "wm-test")
+    assert back.thresholds == cal.thresholds and back.effort_model == effort
+    tracker = TrustTracker(TrustMonitor(TrustConfig(), back), _kin(), DT)
+    assert tracker.effort is not None
+    doc = json.loads(path.read_text())
+    del doc["thresholds"]["effort_error"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="thresholds.effort_error=None"):
+        calib_io.load(path)
+    calib_io.save(cal, path)
+    with pytest.raises(CalibrationError, match="run `robot-wm trust calibrate` again"):
+        calib_io.load(path, "wm-other")
+
+
+def test_trust_yaml_loads_and_a_bad_value_names_the_parameter(tmp_path):
+    config, settings = load_trust_config()
+    assert config.stale_s < config.stop_stale_s and 0 < settings.exceedance < 1
+    assert set(settings.floor_map()) == {"prediction_error", "disagreement", "intervention", "effort_error"}
+    with pytest.raises(ValueError, match=r"tau_s=\(0.1,\): expected 4 positive time constants"):
+        config_from_params({"tau_s": [0.1]})
+    with pytest.raises(ValueError, match="trust_monitor.calibration_exceedance=2.0"):
+        config_from_params({"calibration_exceedance": 2.0})
+    bad = tmp_path / "trust.yaml"
+    bad.write_text("trust_monitor:\n  ros__parameters:\n    clean_hold_s: fast\n")
+    with pytest.raises(ValueError, match=r"trust.yaml: trust_monitor.clean_hold_s='fast'"):
+        load_trust_config(bad)
+
+
+# ------------------------------------------------------------------------------- library mode
+@pytest.mark.slow
+def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payload():
+    """40 s of normal operation (shipped policy through the filter) calibrate the monitor at a
+    coarse exceedance (1e-3 per signal and period: a few short excursions per minute are expected);
+    held-out normal operation then stays at FULL nearly all the time, and a 2.5 kg payload drops the
+    level within 100 ms, by the effort signal."""
+    from robot_wm.learning import trust_eval as te
+    from robot_wm.learning.stack_eval import build_stack
+
+    stack = build_stack(DT)
+    config = TrustConfig()
+    normal = te.operate("nominal", 40.0, 1, config=config, stack=stack)
+    cal = te.calibrate_run(normal, 1e-3, load_trust_config()[1].floor_map(), config, model_version="wm", source="test")
+    assert set(cal.thresholds) == {"prediction_error", "disagreement", "intervention", "effort_error"}
+    quiet = te.operate("nominal", 16.0, 2, calibration=cal, config=config, stack=stack)
+    full = np.flatnonzero(quiet.level == TrustLevel.FULL)
+    assert full.size and quiet.t_s[full[0]] <= 7.0, quiet.events  # the start-up climb: 3 clean holds of 2 s
+    assert np.mean(quiet.level[full[0]:] == TrustLevel.FULL) >= 0.9, quiet.events
+    loaded = te.operate("nominal", 12.0, 3, calibration=cal, config=config, stack=stack, fault=("payload", 9.0))
+    latency = te.detection_latency_periods(loaded)
+    assert latency is not None and latency <= 10, loaded.events
+    first = next(e for e in loaded.events if e[0] >= 9.0)
+    assert EFFORT_OVER.search(first[2]), first
+
+
+# ------------------------------------------------------------------------------- the node
+def _trust_client(context):
+    import threading
+
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+
+    from robot_wm.msg import TrustState
+
+    node = Node("test_trust_client", context=context)
+    states: list = []
+    node.create_subscription(TrustState, "/robot_wm/trust", states.append, 50)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: [executor.spin_once(timeout_sec=0.05) for _ in iter(stop.is_set, True)],
+                              daemon=True)
+    thread.start()
+
+    def close():
+        stop.set()
+        thread.join(timeout=2.0)
+        executor.remove_node(node)
+        node.destroy_node()
+
+    return node, executor, states, close
+
+
+def _call(node, executor, srv_type, name, request, timeout_s=10.0):
+    import time
+
+    client = node.create_client(srv_type, name)
+    deadline = time.monotonic() + timeout_s
+    while not client.service_is_ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    future = client.call_async(request)
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert future.done(), f"no answer from {name}"
+    return future.result()
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_the_trust_monitor_in_the_graph_judges_a_payload_and_recovers(spawn, ros_context):
+    """The whole graph on the embedded arm with the shipped calibration: the monitor earns FULL,
+    the arm moves, a 2.5 kg payload from the fault injector drops the level (effort), and once the
+    payload is cleared the level steps back up to FULL."""
+    import time
+
+    from robot_wm import graph
+    from robot_wm.process_group import command_for
+    from robot_wm.srv import InjectFault
+
+    specs = [s for s in graph.plan("mujoco", overrides={"profile": "nominal"}, enable=True) if not s.needs_ros_install]
+    procs = {s.name: spawn(command_for(s)) for s in specs}
+    node, executor, states, close = _trust_client(ros_context)
+    try:
+        def level_since(t0, pred):
+            return any(s.header.stamp.sec + s.header.stamp.nanosec * 1e-9 >= t0 and pred(s) for s in list(states))
+
+        assert wait_for(lambda: level_since(0, lambda s: s.level == 0), 90.0), \
+            procs["trust_monitor"].output()[-3000:] + str([(s.level, s.reason) for s in states[-3:]])
+        assert states[-1].phase == 0 and "prediction_error" in states[-1].reason
+        time.sleep(3.0)  # the arm moves under FULL
+        t_fault = time.time()
+        answer = _call(node, executor, InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="payload", payload_kg=2.5))
+        assert answer.success, answer.message
+        assert wait_for(lambda: level_since(t_fault, lambda s: s.level >= 1 and EFFORT_OVER.search(s.reason)), 5.0), \
+            procs["trust_monitor"].output()[-3000:]
+        dropped = next(s for s in list(states) if s.header.stamp.sec + s.header.stamp.nanosec * 1e-9 >= t_fault
+                       and s.level >= 1)
+        t_drop = dropped.header.stamp.sec + dropped.header.stamp.nanosec * 1e-9
+        assert t_drop - t_fault < 1.0, (t_drop - t_fault, dropped.reason)
+        assert _call(node, executor, InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="clear")).success
+        t_clear = time.time()
+        assert wait_for(lambda: level_since(t_clear, lambda s: s.level == 0), 30.0), \
+            procs["trust_monitor"].output()[-3000:]
+        assert "Traceback" not in procs["trust_monitor"].output()
+    finally:
+        close()
+
+
+@pytest.mark.ros
+def test_without_a_calibration_the_monitor_says_stop_naming_the_file(spawn, ros_context, tmp_path):
+    from robot_wm import graph
+    from robot_wm.process_group import command_for
+
+    missing = tmp_path / "no_such_calibration.json"
+    spec = next(s for s in graph.plan("mujoco", overrides={"calibration_file": str(missing)}) if s.name == "trust_monitor")
+    proc = spawn(command_for(spec))
+    node, executor, states, close = _trust_client(ros_context)
+    try:
+        assert wait_for(lambda: states and "no usable trust calibration" in states[-1].reason, 60.0), proc.output()
+        assert states[-1].level == TrustLevel.STOP and str(missing) in states[-1].reason
+        assert "robot-wm trust calibrate" in proc.output()
+    finally:
+        close()
