@@ -83,3 +83,24 @@ def test_a_bad_config_value_names_the_file_and_field(tmp_path):
         load_slew_fraction(path)
     path.write_text("policy:\n  ros__parameters: {}\n")
     assert load_slew_fraction(path) == 0.95
+
+
+def test_the_output_stage_follows_the_trust_levels_scales():
+    """At a reduced level the policy slot scales its command and its slew limit like the filter's
+    limits; at STOP and HUMAN it commands zero, decelerating at the unscaled slew rate."""
+    from robot_wm.core.safety import load_safety_limits
+    from robot_wm.core.safety.limits import Phase, TrustLevel
+    from robot_wm.core.slew import trust_scales
+
+    limits = load_safety_limits()
+    for phase in Phase:
+        assert trust_scales(limits, TrustLevel.FULL, phase) == (1.0, 1.0)
+        for level in (TrustLevel.CAUTIOUS, TrustLevel.SLOW):
+            speed, accel = trust_scales(limits, level, phase)
+            assert speed == pytest.approx(limits.level_speed_scale[level])
+            assert accel == pytest.approx(limits.level_accel_scale[level])
+        assert trust_scales(limits, TrustLevel.STOP, phase) == (0.0, 1.0)
+        assert trust_scales(limits, TrustLevel.HUMAN, phase) == (0.0, 1.0)
+    slew = SlewLimiter(np.full(6, 0.1))
+    out = slew.limit(np.full(6, 1.0), np.zeros(6), 0.5)
+    assert np.allclose(out, 0.05)

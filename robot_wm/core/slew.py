@@ -56,12 +56,14 @@ class SlewLimiter:
         """Forget the base: the next command is limited around the measured velocity."""
         self._base = None
 
-    def limit(self, u_radps, qdot_radps) -> np.ndarray:
-        """Return ``u`` moved into ``base ± delta`` (per joint); (n,) or a batch (B, n).
+    def limit(self, u_radps, qdot_radps, scale: float = 1.0) -> np.ndarray:
+        """Return ``u`` moved into ``base ± scale · delta`` (per joint); (n,) or a batch (B, n).
 
         Args:
             u_radps: the policy's command.
             qdot_radps: the measured joint velocity (the base after a reset or a re-anchor).
+            scale: factor on the limit (``trust_scales``: the filter's acceleration box shrinks at a
+                reduced trust level).
         """
         u = np.asarray(u_radps, dtype=float)
         qdot = np.broadcast_to(np.asarray(qdot_radps, dtype=float), u.shape) if u.ndim else None
@@ -73,11 +75,26 @@ class SlewLimiter:
         else:  # rows whose arm did not follow: from the measured velocity again
             lost = np.any(np.abs(base - qdot) > REANCHOR_STEPS * self.delta_radps, axis=-1, keepdims=True)
             base = np.where(lost, qdot, base)
-        out = np.clip(u, base - self.delta_radps, base + self.delta_radps)
+        delta = self.delta_radps * float(scale)
+        out = np.clip(u, base - delta, base + delta)
         if np.any(out != u):
             self.limited_count += 1
         self._base = out.copy()
         return out
+
+
+def trust_scales(limits, level, phase) -> tuple[float, float]:
+    """(speed, acceleration) factors of the safety filter's limits at ``level`` relative to FULL, in
+    ``phase``: what the policy slot scales its command and its slew limit by, so that at a reduced
+    trust level the nominal respects the reduced limits itself instead of leaning on the filter
+    (demo, nominal arm: 33 % of the moving periods filtered without it). At STOP and HUMAN the
+    command is zero and the slew limit unscaled (the arm decelerates at the slew rate).
+    """
+    full = limits.scale_for(TrustLevel.FULL, phase)
+    now = limits.scale_for(level, phase)
+    if now.speed == 0.0:
+        return 0.0, 1.0
+    return now.speed / full.speed, now.acceleration / full.acceleration
 
 
 def slew_delta(limits, dt_s: float, fraction: float, phase=None) -> np.ndarray:
@@ -116,4 +133,4 @@ def load_slew_fraction(path: Path | None = None) -> float:
     return float(value)
 
 
-__all__ = ["DEFAULT_SLEW_FRACTION", "REANCHOR_STEPS", "SlewLimiter", "load_slew_fraction", "slew_delta"]
+__all__ = ["DEFAULT_SLEW_FRACTION", "REANCHOR_STEPS", "SlewLimiter", "load_slew_fraction", "slew_delta", "trust_scales"]

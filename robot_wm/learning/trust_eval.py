@@ -87,7 +87,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     from robot_wm.core.policy_runner import PolicyRunner, make_obs
     from robot_wm.paths import data_path
     from robot_wm.core.safety import FilterState, JointSample, NominalSample, SafetyController, TrustSample, WrenchSample
-    from robot_wm.core.slew import SlewLimiter
+    from robot_wm.core.slew import SlewLimiter, trust_scales
     from robot_wm.core.tasks import get_task
     from robot_wm.core.world_model_runner import WorldModelRunner
     from robot_wm.learning.stack_eval import build_stack
@@ -141,9 +141,6 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                     goal, goal_t, inside_t, reached_t = rng.uniform(box_lo, box_hi), t, None, None
             else:
                 goal_t = t
-            nominal = np.asarray(policy.act(make_obs(q, qd, tool, goal)), dtype=float) if enabled else np.zeros(n_j)
-            if slew is not None:
-                nominal = slew.limit(nominal, qd)
             t0 = time.perf_counter()
             effort = js.effort_nm if effort_mean is None else effort_mean
             out = tracker.measurement(t, q, qd, effort, intervened)
@@ -156,6 +153,12 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                 trust = TrustSample(level_schedule(t), cfg.default_phase, t, "calibration schedule")
             else:
                 trust = TrustSample(out.level, cfg.default_phase, t, out.reason) if feed_filter else None
+            nominal = np.asarray(policy.act(make_obs(q, qd, tool, goal)), dtype=float) if enabled else np.zeros(n_j)
+            # the policy node's output stage: the trust level's scales, then the slew limit
+            speed, accel = trust_scales(built.limits, trust.level, cfg.default_phase) if trust else (1.0, 1.0)
+            nominal = nominal * speed
+            if slew is not None:
+                nominal = slew.limit(nominal, qd, accel)
             res = ctrl.step(t, joint=JointSample(q, qd, t), nominal=NominalSample(nominal, t),
                             wrench=WrenchSample(force, t, cfg.ft_frame), trust=trust)
             intervened = res.state == FilterState.FILTERING

@@ -5,8 +5,10 @@ or ``track`` (the reference path window on /robot_wm/reference, from path_sequen
 is read for this node's current time, see ``robot_wm.core.track.ReferenceWindow``). configure
 loads and validates the model (sidecar, hash, joint order, and that it is a policy of this task);
 activate starts the control timer. Each period it reads the latest /joint_states and target,
-runs the policy, limits the command's change per period to the safety filter's acceleration box
-(``command_slew_fraction``, ``robot_wm.core.slew``) and publishes the nominal joint velocity
+runs the policy, scales the command to the trust level in force (/robot_wm/trust: the filter's
+reduced speed and acceleration at CAUTIOUS and SLOW, zero at STOP and HUMAN, ``trust_scales``),
+limits its change per period to the safety filter's acceleration box (``command_slew_fraction``,
+``robot_wm.core.slew``) and publishes the nominal joint velocity
 command on /robot_wm/action_nominal. It
 never talks to the hardware: the safety filter is the only publisher of hardware commands. With
 a stale joint state, no goal, or a reference window that does not cover the preview it
@@ -60,12 +62,17 @@ class PolicyNode(ControlNode):
         self.task = None
         self._goal: np.ndarray | None = None
         self._reference = None  # ReferenceWindow
+        self._limits = None  # the safety limits whose trust-level scales the output follows
+        self._trust: tuple[int, int] | None = None  # (level, phase) of the latest TrustState
         if self.task_name not in ("reach", "track"):
             raise NodeConfigError(f"{node_name}: parameter task={self.task_name!r}: expected 'reach' or 'track'")
         if self.task_name == "reach":
             self.create_subscription(PointStamped, self.goal_topic, self._on_goal, 10)
         else:
             self.create_subscription(MultiDOFJointTrajectory, self.reference_topic, self._on_reference, 10)
+        from robot_wm.msg import TrustState
+
+        self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
 
     # ---- lifecycle
     def on_configure(self, state: State) -> TransitionCallbackReturn:
@@ -93,7 +100,8 @@ class PolicyNode(ControlNode):
                 path = self.model_path or str(data_path(*default, must_exist=False))
                 self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
             self.kin = Kinematics(urdf, self.joint_names)
-            self.slew = (SlewLimiter(slew_delta(load_safety_limits(), self.period_s, self.slew_fraction, self.phase))
+            self._limits = load_safety_limits()
+            self.slew = (SlewLimiter(slew_delta(self._limits, self.period_s, self.slew_fraction, self.phase))
                          if self.slew_fraction > 0 else None)
         except (ModelError, SafetyLimitsError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
@@ -155,6 +163,21 @@ class PolicyNode(ControlNode):
             return None
         return track_obs(q, qdot, tool, self._reference.preview(now_s, offsets))
 
+    def _on_trust(self, msg) -> None:
+        self._trust = (int(msg.level), int(msg.phase))
+
+    def _trust_scales(self) -> tuple[float, float]:
+        """The trust level's (speed, acceleration) factors relative to FULL (1, 1 before any TrustState:
+        a graph without a monitor runs the filter on its default level)."""
+        if self._trust is None or self._limits is None:
+            return 1.0, 1.0
+        from robot_wm.core.slew import trust_scales
+
+        try:
+            return trust_scales(self._limits, *self._trust)
+        except ValueError:  # a malformed TrustState: the filter latches on it; here the safe choice
+            return 0.0, 1.0
+
     def control_step(self) -> None:
         """Run the policy on the latest joint state and goal or reference; publish the nominal command."""
         from robot_wm.core.policy_runner import PolicyOutputError
@@ -174,8 +197,10 @@ class PolicyNode(ControlNode):
         except (PolicyOutputError, ValueError) as exc:
             self.get_logger().error(f"policy failed, not commanding: {exc}", throttle_duration_sec=1.0)
             return
+        speed, accel = self._trust_scales()
+        action = action * speed
         if self.slew is not None:
-            action = self.slew.limit(action, qdot)
+            action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
 
 

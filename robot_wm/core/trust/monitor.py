@@ -63,8 +63,8 @@ class TrustConfig:
     slow_ratio: float = 2.0
     clean_hold_s: float = 2.0
     human_after_s: float = 5.0
-    stale_s: float = 0.1
-    stop_stale_s: float = 0.5
+    stale_s: float = 0.25
+    stop_stale_s: float = 1.0
     human_on_anomaly: bool = False
     clip_ratio: float = 3.0
 
