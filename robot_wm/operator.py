@@ -55,13 +55,12 @@ def call_trigger(service: str, timeout_s: float = 5.0) -> int:
     return _with_node(run, timeout_s)
 
 
-def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
-    """Print the safety filter's state (once, or every 0.5 s for ``seconds``); 2 if none arrives."""
-    from robot_wm.msg import SafetyStatus
+def _watch(msg_type, topic: str, describe, missing: str, seconds: float, timeout_s: float) -> int:
+    """Print ``describe(latest message)`` once, or every 0.5 s for ``seconds``; 2 if none arrives."""
 
     def run(node, executor, deadline):
-        latest: list[SafetyStatus] = []
-        node.create_subscription(SafetyStatus, "/robot_wm/safety_status", latest.append, 10)
+        latest: list = []
+        node.create_subscription(msg_type, topic, latest.append, 10)
         end = None
         last_print = 0.0
         while True:
@@ -69,24 +68,34 @@ def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
             now = time.monotonic()
             if not latest:
                 if now > deadline:
-                    print("no /robot_wm/safety_status: is the stack up? (`robot-wm up`)", file=sys.stderr)
+                    print(missing, file=sys.stderr)
                     return 2
                 continue
             end = end or now + seconds
             if now - last_print >= 0.5:
-                s = latest[-1]
-                active = ", ".join(s.active_constraints) or "-"
-                reason = f"  reason: {s.fault_reason}" if s.fault_reason else ""
-                latches = f"  latched: {', '.join(s.latches)} (robot-wm reset)" if s.latches else ""
-                kind = f"  fault: {s.fault_kind}" if s.fault_kind else ""
-                print(f"safety: {s.state_text:<9} active: {active}  intervention {s.intervention_norm:.3f} rad/s  "
-                      f"solve {s.solve_time_s * 1e6:.0f} us ({s.iterations} it){latches}{kind}{reason}", flush=True)
+                print(describe(latest[-1]), flush=True)
                 last_print = now
                 latest[:] = latest[-1:]
             if now >= end:
                 return 0
 
     return _with_node(run, timeout_s + seconds)
+
+
+def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
+    """Print the safety filter's state (once, or every 0.5 s for ``seconds``); 2 if none arrives."""
+    from robot_wm.msg import SafetyStatus
+
+    def describe(s) -> str:
+        active = ", ".join(s.active_constraints) or "-"
+        reason = f"  reason: {s.fault_reason}" if s.fault_reason else ""
+        latches = f"  latched: {', '.join(s.latches)} (robot-wm reset)" if s.latches else ""
+        kind = f"  fault: {s.fault_kind}" if s.fault_kind else ""
+        return (f"safety: {s.state_text:<9} active: {active}  intervention {s.intervention_norm:.3f} rad/s  "
+                f"solve {s.solve_time_s * 1e6:.0f} us ({s.iterations} it){latches}{kind}{reason}")
+
+    return _watch(SafetyStatus, "/robot_wm/safety_status", describe,
+                  "no /robot_wm/safety_status: is the stack up? (`robot-wm up`)", seconds, timeout_s)
 
 
 def show_trust(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
@@ -94,29 +103,11 @@ def show_trust(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
     from robot_wm.core.safety.limits import Phase, TrustLevel
     from robot_wm.msg import TrustState
 
-    def run(node, executor, deadline):
-        latest: list[TrustState] = []
-        node.create_subscription(TrustState, "/robot_wm/trust", latest.append, 10)
-        end = None
-        last_print = 0.0
-        while True:
-            executor.spin_once(timeout_sec=0.05)
-            now = time.monotonic()
-            if not latest:
-                if now > deadline:
-                    print("no /robot_wm/trust: is the stack up with its trust monitor? (`robot-wm up`)", file=sys.stderr)
-                    return 2
-                continue
-            end = end or now + seconds
-            if now - last_print >= 0.5:
-                s = latest[-1]
-                level = TrustLevel(s.level).name if s.level in iter(TrustLevel) else str(s.level)
-                phase = Phase(s.phase).name if s.phase in iter(Phase) else str(s.phase)
-                print(f"trust: {level:<8} phase {phase:<5} score {s.score:.2f}  error {s.normalized_error:.3g} "
-                      f"(threshold {s.threshold:.3g})  reason: {s.reason}", flush=True)
-                last_print = now
-                latest[:] = latest[-1:]
-            if now >= end:
-                return 0
+    def describe(s) -> str:
+        level = TrustLevel(s.level).name if s.level in iter(TrustLevel) else str(s.level)
+        phase = Phase(s.phase).name if s.phase in iter(Phase) else str(s.phase)
+        return (f"trust: {level:<8} phase {phase:<5} score {s.score:.2f}  error {s.normalized_error:.3g} "
+                f"(threshold {s.threshold:.3g})  reason: {s.reason}")
 
-    return _with_node(run, timeout_s + seconds)
+    return _watch(TrustState, "/robot_wm/trust", describe,
+                  "no /robot_wm/trust: is the stack up with its trust monitor? (`robot-wm up`)", seconds, timeout_s)

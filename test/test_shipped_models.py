@@ -63,7 +63,7 @@ def test_shipped_versions_name_their_content():
     before and after the limit-aware recipe came from the same data and seed and once shared one."""
     import json
 
-    sidecars = sorted(data_path("models").glob("**/*.json"))
+    sidecars = sorted(p for p in data_path("models").glob("**/*.json") if p.with_suffix(".onnx").exists())
     assert len(sidecars) >= 8
     for path in sidecars:
         meta = json.loads(path.read_text())

@@ -318,11 +318,7 @@ def calibrate_main(args) -> int:
         except (RuntimeError, CalibrationError, ValueError, OSError) as exc:
             print(f"robot-wm trust calibrate --live: {exc}", file=sys.stderr)
             return 1
-        print(f"trust calibration (ROS path, {seconds:g} s) for world model {cal.model_version} on {args.profile}: "
-              f"{cal.periods} held-out periods at exceedance {cal.exceedance:g}")
-        for name, value in cal.thresholds.items():
-            print(f"  {name:<17} threshold {value:.4g}")
-        print(f"written to {path}")
+        _print_calibration(cal, path, f"(ROS path, {seconds:g} s) for world model {cal.model_version} on {args.profile}")
         return 0
     try:
         path, cal, run = calibrate_profile(args.profile, seconds=args.seconds, seed=args.seed,
@@ -332,9 +328,13 @@ def calibrate_main(args) -> int:
     except (CalibrationError, EffortModelError, ModelError, ProfileError, ValueError, OSError) as exc:
         print(f"robot-wm trust calibrate: {exc}", file=sys.stderr)
         return 1
-    print(f"trust calibration for world model {cal.model_version} on {args.profile}: {cal.periods} held-out periods "
-          f"at exceedance {cal.exceedance:g} ({run.wall_s:.0f} s)")
+    _print_calibration(cal, path, f"(library mode, {run.wall_s:.0f} s) for world model {cal.model_version} on "
+                                  f"{args.profile}")
+    return 0
+
+
+def _print_calibration(cal: Calibration, path: Path, what: str) -> None:
+    print(f"trust calibration {what}: {cal.periods} held-out periods at exceedance {cal.exceedance:g}")
     for name, value in cal.thresholds.items():
         print(f"  {name:<17} threshold {value:.4g}")
     print(f"written to {path}")
-    return 0
