@@ -26,7 +26,7 @@ setup(
     ] + [  # models/ (reach) and every model set below it (models/track/, models/<task>_sim_only/)
         (f"share/{package_name}/{d}", glob(f"{d}/*.onnx") + glob(f"{d}/*.json"))
         for d in ["models"] + sorted(str(Path(p).parent) for p in glob("models/*/policy.onnx"))
-    ] + [(f"share/{package_name}/models/trust", glob("models/trust/*.json"))],  # the trust calibrations
+    ] + [(f"share/{package_name}/{d}", glob(f"{d}/*.json")) for d in ("models/trust", "models/trust/track")],
     install_requires=["numpy", "PyYAML", "xacro", "pin", "mujoco", "osqp", "onnxruntime"],
     python_requires=">=3.10",
     zip_safe=False,

@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--profile", default="nominal", help="embedded arm dynamics profile (default nominal)")
     q.add_argument("--seconds", type=float, default=None, help="seconds of operation (default: config/trust.yaml)")
     q.add_argument("--seed", type=int, default=0, help="goal and sensor-noise seed")
+    q.add_argument("--task", default="reach", choices=("reach", "track"),
+                   help="--live: the task whose normal operation is recorded (default reach; library mode: reach)")
     q.add_argument("--models", default=None, help="model set directory (default: the shipped models/)")
     q.add_argument("--out", default=None, help="calibration file (default: models/trust/<profile>.json)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")

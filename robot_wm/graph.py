@@ -193,8 +193,9 @@ def plan(
         if spec.name == POLICY:  # the task, and the phase whose acceleration box its slew limit uses
             params["task"] = task
             params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
-        if spec.name == TRUST_MONITOR:
+        if spec.name == TRUST_MONITOR:  # the phase it reports, the task whose normal operation it knows
             params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
+            params["task"] = task
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
             if enable:

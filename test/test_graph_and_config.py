@@ -22,6 +22,8 @@ def test_embedded_plan_runs_without_ros_install():
     by_name = {s.name: s for s in runnable}
     assert by_name["safety_filter"].parameters["default_trust_level"] == 3  # STOP until the monitor speaks
     assert by_name["trust_monitor"].parameters["phase"] == by_name["safety_filter"].parameters["default_phase"]
+    assert by_name["trust_monitor"].parameters["task"] == "reach"
+    assert {s.name: s for s in graph.plan("mujoco", task="track")}["trust_monitor"].parameters["task"] == "track"
     assert str(config_path("trust.yaml")) in command_for(by_name["trust_monitor"], python="python")
     assert "trust_monitor" not in {s.name for s in graph.plan("mujoco", trust=False)}
     assert "default_trust_level" not in {s.name: s for s in graph.plan("mujoco", trust=False)}["safety_filter"].parameters

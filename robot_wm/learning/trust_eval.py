@@ -235,11 +235,14 @@ __all__ = ["BASE_SIGNALS", "DYNAMIC_FAULTS", "FAULTS", "Run", "calibrate_run", "
            "level_drops", "operate", "smooth"]
 
 
-def default_calibration_path(profile: str) -> Path:
-    """models/trust/<profile>.json of the package (where the node looks by default)."""
+def default_calibration_path(profile: str, task: str = "reach") -> Path:
+    """models/trust/<profile>.json (reach) or models/trust/<task>/<profile>.json of the package
+    (where the node looks by default): normal operation differs by task, and so do its thresholds
+    (the tracking task's filter interventions and efforts are not the reaching task's)."""
     from robot_wm.paths import data_path
 
-    return data_path("models", "trust", f"{Path(profile).stem}.json", must_exist=False)
+    parts = ("models", "trust") if task == "reach" else ("models", "trust", task)
+    return data_path(*parts, f"{Path(profile).stem}.json", must_exist=False)
 
 
 def calibrate_profile(profile: str, *, seconds: float | None = None, seed: int = 0, out: Path | None = None,
@@ -276,7 +279,7 @@ def calibrate_live(profile: str, seconds: float, *, out: Path | None = None, tas
     from robot_wm.process_group import ProcessGroup
     from robot_wm.rosenv import loopback_env
 
-    path = Path(out) if out is not None else default_calibration_path(profile)
+    path = Path(out) if out is not None else default_calibration_path(profile, task)
     before = path.stat().st_mtime_ns if path.exists() else None
     overrides = {"profile": profile, "calibrate_s": float(seconds), **policy_overrides(task, "trust calibrate")}
     if out is not None:
@@ -313,7 +316,7 @@ def calibrate_main(args) -> int:
                   f"(config/trust.yaml): use --seconds {math.ceil(need)} or more", file=sys.stderr)
             return 2
         try:
-            path = calibrate_live(args.profile, seconds, out=Path(args.out) if args.out else None)
+            path = calibrate_live(args.profile, seconds, out=Path(args.out) if args.out else None, task=args.task)
             cal = calib_io.load(path)
         except (RuntimeError, CalibrationError, ValueError, OSError) as exc:
             print(f"robot-wm trust calibrate --live: {exc}", file=sys.stderr)

@@ -75,6 +75,8 @@ class TrustMonitorNode(ControlNode):
                                         "models/trust/<profile>.json of the package)", read_only=True)
         self.profile = declare(self, "profile", "nominal", "the arm profile whose calibration is the default",
                                read_only=True)
+        self.task = declare(self, "task", "reach", "the task whose calibration is the default (reach, track)",
+                            read_only=True)
         self.phase = declare(self, "phase", 2, "deployment phase published in TrustState (PHASE_*)", range_=(0, 2),
                              read_only=True)
         self.tracker = None
@@ -120,7 +122,7 @@ class TrustMonitorNode(ControlNode):
         except (ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
-        path = self.calibration_file or str(default_calibration_path(self.profile))
+        path = self.calibration_file or str(default_calibration_path(self.profile, self.task))
         self._config, self._kin, self._path = config, kin, path
         if self.calibrate_s > 0:
             from robot_wm.learning.trust_eval import _recording_calibration
@@ -134,7 +136,7 @@ class TrustMonitorNode(ControlNode):
                 f"the monitor does not judge (level {'FULL on the simulator' if self.phase == 0 else 'CAUTIOUS'})")
             return TransitionCallbackReturn.SUCCESS
         try:
-            self.calibration = calib_io.load(path)
+            self.calibration = _with_floors(calib_io.load(path), config_from_params(self.params)[1].floor_map())
             self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s)
             self.problem = None
             self.get_logger().info(f"trust calibration {path} (world model {self.calibration.model_version}, "
@@ -229,7 +231,18 @@ class TrustMonitorNode(ControlNode):
             self._publish(3, 0.0, math.nan, math.nan, self.problem or "not configured")
             return
         if not fresh:
-            self._publish(3, 0.0, math.nan, math.nan, "no fresh joint state")
+            # a gap in the joint states (a loaded machine stalls 50 ms and more now and then) is judged
+            # like a gap in the predictions: the last verdict, SLOW after stale_s, STOP after stop_stale_s
+            # (the filter stops the arm on stale joint states by itself, without a latch)
+            gap = now - self._js[-1][4] if self._js else math.inf
+            if gap <= self.params["stale_s"] and self._last_published is not None:
+                self._publish(*self._last_published)
+            elif gap <= self.params["stop_stale_s"]:
+                self._publish(max(2, self._last_published[0] if self._last_published else 2), 0.0, math.nan, math.nan,
+                              f"no fresh joint state for {gap:.2f} s", remember=False)
+            else:
+                self._publish(3, 0.0, math.nan, math.nan, "no fresh joint state" if not self._js
+                              else f"no fresh joint state for {gap:.2f} s")
             return
         sample = self._pick(fresh)
         if sample is None:
@@ -321,8 +334,9 @@ class TrustMonitorNode(ControlNode):
         self._publish(int(out.level), out.score, out.normalized_error, out.threshold, out.reason, out.ratios)
 
     def _publish(self, level: int, score: float, error: float, threshold: float, reason: str,
-                 ratios: dict | None = None) -> None:
-        self._last_published = (level, score, error, threshold, reason, ratios)
+                 ratios: dict | None = None, remember: bool = True) -> None:
+        if remember:
+            self._last_published = (level, score, error, threshold, reason, ratios)
         msg = TrustState(score=float(score), level=int(level), phase=int(self.phase),
                          normalized_error=float(error), threshold=float(threshold), reason=reason)
         msg.header.stamp = self.get_clock().now().to_msg()
@@ -350,6 +364,14 @@ class TrustMonitorNode(ControlNode):
             status.values = [KeyValue(key=k, value=v) for k, v in values.items()]
             if self._diag_pub is not None:
                 self._diag_pub.publish(DiagnosticArray(status=[status]))
+
+
+def _with_floors(cal, floors: dict):
+    """The calibration with config/trust.yaml's floors applied (a floor raised in config takes
+    effect without recalibrating)."""
+    import dataclasses
+
+    return dataclasses.replace(cal, thresholds={k: max(v, floors.get(k, 0.0)) for k, v in cal.thresholds.items()})
 
 
 main = main_for(TrustMonitorNode)
