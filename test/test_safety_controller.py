@@ -610,6 +610,26 @@ def test_a_malformed_message_replaced_within_a_period_still_latches(kin, limits)
     assert "trust" in out.latches and out.is_stop
 
 
+def test_auto_enable_takes_the_start_up_trust_latch_only_before_its_first_enable(kin, limits):
+    """With a trust monitor in the graph the filter starts at STOP: the start-up's trust latch goes
+    with the start latch once the monitor says a moving level, and only then; a trust STOP after
+    that first enable stays latched until an operator resets."""
+    rig = Rig(SafetyController(limits, kin, config(auto_enable=True, default_trust_level=TrustLevel.STOP)))
+    assert set(rig.step().latches) == {"start", "trust"}
+    rig.trust = (TrustLevel.STOP, Phase.SIM)
+    assert all(set(o.latches) == {"start", "trust"} for o in rig.run(20))  # STOP: nothing released
+    rig.trust = (TrustLevel.SLOW, Phase.SIM)
+    rig.run(3)
+    assert not rig.ctrl.supervisor.latched  # released by itself: the first enable
+    assert rig.step().state in (FilterState.OK, FilterState.FILTERING, FilterState.STOPPED)
+    rig.trust = (TrustLevel.STOP, Phase.SIM)
+    rig.run(3)
+    rig.trust = (TrustLevel.FULL, Phase.SIM)
+    outs = rig.run(50)
+    assert all("trust" in o.latches for o in outs)  # after the first enable: only an operator
+    assert rig.ctrl.reset()[0] and not rig.ctrl.supervisor.latched
+
+
 def test_auto_enable_never_releases_latches_carried_into_a_new_controller(kin, limits):
     """enable_on_start releases the start latch of a fresh start only: a cleanup -> configure (a new
     controller carrying the deactivate latch) waits for an operator."""
