@@ -18,6 +18,8 @@ examples:
   robot-wm demo                       the whole stack on the embedded arm: goals, then paths; push, e-stop, reports
   robot-wm estop | reset | status     operator commands for the running stack's safety filter
   robot-wm tare                       re-tare the F/T sensor after a payload change (e-stop first)
+  robot-wm trust status | promote | demote --reason "..."   the trust level and the deployment phase
+  robot-wm intervene take --reason "..."; robot-wm teleop; robot-wm intervene release --reason "..."
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
 
 learning (CPU, minutes; commands behind the shipped models: models/README.md):
@@ -118,6 +120,35 @@ def _trigger_verb(service: str):
     return run
 
 
+def _phase_verb(promote: bool):
+    def run(args: argparse.Namespace) -> int:
+        from robot_wm.operator import change_phase
+
+        return change_phase(promote, args.reason, args.timeout)
+
+    return run
+
+
+def _intervene_verb(take: bool):
+    def run(args: argparse.Namespace) -> int:
+        from robot_wm.operator import intervene
+
+        return intervene(take, args.reason, args.timeout)
+
+    return run
+
+
+def _cmd_teleop(args: argparse.Namespace) -> int:
+    from robot_wm import teleop_keys
+
+    try:
+        keys = teleop_keys.parse_script(args.script) if args.script is not None else None
+    except ValueError as exc:
+        print(f"robot-wm teleop: {exc}", file=sys.stderr)
+        return 2
+    return teleop_keys.run(args.rate, args.hold, args.speed, args.linear, args.timeout, keys)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from robot_wm.operator import show_status
 
@@ -216,6 +247,35 @@ def build_parser() -> argparse.ArgumentParser:
     q = trust.add_parser("acknowledge", help="operator: release HUMAN (refused while the evidence is not clean)")
     q.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the trust monitor")
     q.set_defaults(func=_trigger_verb("/trust_monitor/acknowledge"))
+
+    for verb, promote, text in (("promote", True, "ask for the next deployment phase (SIM -> MIXED -> REAL); "
+                                                    "refused with the unmet criteria"),
+                                ("demote", False, "go back one deployment phase (always granted)")):
+        q = trust.add_parser(verb, help=f"operator: {text}")
+        q.add_argument("--reason", required=True, help="why (kept in the phase's history)")
+        q.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the trust monitor")
+        q.set_defaults(func=_phase_verb(promote))
+
+    p = verbs.add_parser("intervene", help="operator: take over from the policy (teleoperation through the safety "
+                                           "filter) or hand back to it (only from rest)")
+    inter = p.add_subparsers(dest="intervene_verb", metavar="INTERVENE_VERB", required=True)
+    for verb, take in (("take", True), ("release", False)):
+        q = inter.add_parser(verb, help="take over from the policy" if take else "hand back to the policy (at rest)")
+        q.add_argument("--reason", required=True, help="why (logged with the intervention and flagged in the data)")
+        q.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the policy node")
+        q.set_defaults(func=_intervene_verb(take))
+
+    p = verbs.add_parser("teleop", help="operator: keyboard jog of the joints or the tool (base frame), with a "
+                                        "deadman; after `robot-wm intervene take`")
+    p.add_argument("--rate", type=float, default=30.0, help="jog messages per second while a key is held")
+    p.add_argument("--hold", type=float, default=0.6, help="a key counts as held this long after its last event "
+                                                          "(s; above the terminal's initial key-repeat delay)")
+    p.add_argument("--speed", type=float, default=0.2, help="joint jog speed, rad/s (+/- change it)")
+    p.add_argument("--linear", type=float, default=0.03, help="tool jog speed, m/s (+/- change it)")
+    p.add_argument("--script", default=None, help="keys from a script instead of the keyboard: DELAY_S:KEY,... "
+                                                  "(e.g. 0:q,0.2:q,0.2:q; keys as in the help above)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the safety filter's status")
+    p.set_defaults(func=_cmd_teleop)
 
     p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
     p.set_defaults(func=_cmd_env)

@@ -21,6 +21,7 @@ TRUST_MONITOR = "trust_monitor"
 POLICY = "policy"
 TASKS = ("reach", "track")
 _PHASE_SIM, _PHASE_REAL, _LEVEL_STOP = 0, 2, 3  # msg/TrustState.msg PHASE_SIM, PHASE_REAL, LEVEL_STOP
+SIMULATED_HARDWARE = (EMBEDDED, "mock", "gazebo")  # a policy in phase SIM may run on these (not on a real arm)
 
 
 class GraphError(ValueError):
@@ -158,6 +159,8 @@ def plan(
     Returns:
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
 
+    The trust monitor gets ``simulated_arm`` (the embedded arm, mock, gazebo: a policy in phase SIM
+    may run there, on any other hardware the monitor holds it until promoted) and ``task``.
     The safety filter also gets ``default_phase`` from the hardware (SIM on the embedded arm, REAL
     on every other), and ``default_trust_level`` STOP whenever the graph has a trust monitor (the
     arm must not move before the monitor has spoken).
@@ -193,8 +196,8 @@ def plan(
         if spec.name == POLICY:  # the task, and the phase whose acceleration box its slew limit uses
             params["task"] = task
             params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
-        if spec.name == TRUST_MONITOR:  # the phase it reports, the task whose normal operation it knows
-            params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
+        if spec.name == TRUST_MONITOR:  # whether the arm is a simulator, the task whose normal operation it knows
+            params["simulated_arm"] = hardware in SIMULATED_HARDWARE
             params["task"] = task
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL

@@ -1,4 +1,5 @@
-"""Operator commands without ROS tools: robot-wm estop | reset | status | trust status | trust acknowledge.
+"""Operator commands without ROS tools: robot-wm estop | reset | status | trust status | trust acknowledge |
+trust promote | trust demote | intervene take | intervene release.
 
 They talk to the running safety filter over its services (/robot_wm/estop,
 /robot_wm/reset_estop: std_srvs/Trigger) and its status topic (/robot_wm/safety_status), on
@@ -53,6 +54,90 @@ def call_trigger(service: str, timeout_s: float = 5.0) -> int:
         return 0 if result.success else 1
 
     return _with_node(run, timeout_s)
+
+
+def _call(node, executor, srv_type, service: str, request, deadline: float, who: str):
+    """Call a service; the response, or None after printing why there is none."""
+    client = node.create_client(srv_type, service)
+    while not client.service_is_ready():
+        if time.monotonic() > deadline:
+            print(f"{service}: no {who} answering (is the stack up? `robot-wm up`)", file=sys.stderr)
+            return None
+        executor.spin_once(timeout_sec=0.05)
+    future = client.call_async(request)
+    while not future.done():
+        if time.monotonic() > deadline:
+            print(f"{service}: no answer in time", file=sys.stderr)
+            return None
+        executor.spin_once(timeout_sec=0.05)
+    return future.result()
+
+
+def change_phase(promote: bool, reason: str, timeout_s: float = 5.0) -> int:
+    """Ask the trust monitor for a promotion or a demotion; print its answer (and the unmet criteria).
+    0 granted, 1 refused, 2 unreachable."""
+    from robot_wm.core.safety.limits import Phase
+    from robot_wm.srv import PhaseChange
+
+    service = "/robot_wm/phase/promote" if promote else "/robot_wm/phase/demote"
+
+    def run(node, executor, deadline):
+        result = _call(node, executor, PhaseChange, service, PhaseChange.Request(reason=reason), deadline,
+                       "trust monitor")
+        if result is None:
+            return 2
+        phase = Phase(result.phase).name if result.phase in iter(Phase) else str(result.phase)
+        print(("OK: " if result.success else "REFUSED: ") + f"{result.message} (phase now {phase})")
+        for item in result.unmet:
+            print(f"  unmet: {item}")
+        return 0 if result.success else 1
+
+    return _with_node(run, timeout_s)
+
+
+def intervene(take: bool, reason: str, timeout_s: float = 5.0) -> int:
+    """Take over from the policy (or hand back); print the answer. 0 done, 1 refused, 2 unreachable.
+
+    Taking over when the filter is latched on the trust level (the monitor held the arm for a human)
+    also releases that latch once the monitor publishes the operator's level: the operator's request
+    is the explicit reset; the filter still refuses it while any other fault persists."""
+    from std_srvs.srv import Trigger
+
+    from robot_wm.msg import SafetyStatus, TrustState
+    from robot_wm.srv import Intervention
+
+    service = "/robot_wm/intervention/take" if take else "/robot_wm/intervention/release"
+
+    def run(node, executor, deadline):
+        status: list = []
+        trust: list = []
+        node.create_subscription(SafetyStatus, "/robot_wm/safety_status", status.append, 10)
+        node.create_subscription(TrustState, "/robot_wm/trust", trust.append, 10)
+        result = _call(node, executor, Intervention, service, Intervention.Request(reason=reason), deadline,
+                       "policy node")
+        if result is None:
+            return 2
+        print(("OK: " if result.success else "REFUSED: ") + result.message)
+        if not (take and result.success):
+            return 0 if result.success else 1
+        # the monitor answers the take-over with SLOW (teleoperation); a trust latch of the filter is
+        # then released by this explicit operator request
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.0 and not (trust and "operator in control" in trust[-1].reason):
+            executor.spin_once(timeout_sec=0.05)
+        while time.monotonic() - t0 < 3.0 and not status:
+            executor.spin_once(timeout_sec=0.05)
+        if status and any(x.lower().startswith("trust") for x in status[-1].latches):
+            answer = _call(node, executor, Trigger, "/robot_wm/reset_estop", Trigger.Request(),
+                           time.monotonic() + 5.0, "safety filter")
+            if answer is not None:
+                print(("filter latch released: " if answer.success else "filter latch NOT released: ")
+                      + answer.message)
+        print("teleoperate with `robot-wm teleop` (or /robot_wm/teleop/joint_velocity, /robot_wm/teleop/twist); "
+              "hand back with `robot-wm intervene release` at rest")
+        return 0
+
+    return _with_node(run, timeout_s + 8.0)
 
 
 def _watch(msg_type, topic: str, describe, missing: str, seconds: float, timeout_s: float) -> int:

@@ -59,3 +59,13 @@ def data_path(*parts: str, must_exist: bool = True) -> Path:
 def config_path(name: str) -> Path:
     """Return the path of ``config/<name>``."""
     return data_path("config", name)
+
+
+def state_dir() -> Path:
+    """Where robot_wm keeps state that must survive restarts (the deployment phase, the intervention
+    log): ``$ROBOT_WM_STATE_DIR``, else ``$XDG_STATE_HOME/robot_wm``, else ``~/.local/state/robot_wm``."""
+    env = os.environ.get("ROBOT_WM_STATE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "robot_wm"

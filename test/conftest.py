@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 DOMAIN_ID = int(os.environ.get("ROBOT_WM_TEST_DOMAIN_ID", 0)) or 10 + os.getpid() % 90
 os.environ.update(loopback_env(domain_id=DOMAIN_ID))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# Persistent state (the deployment phase, the intervention log) of this run only, never the user's.
+import tempfile  # noqa: E402
+
+os.environ["ROBOT_WM_STATE_DIR"] = tempfile.mkdtemp(prefix="robot_wm_test_state_")
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:

@@ -21,7 +21,8 @@ def test_embedded_plan_runs_without_ros_install():
                                           "goal_sequencer"]
     by_name = {s.name: s for s in runnable}
     assert by_name["safety_filter"].parameters["default_trust_level"] == 3  # STOP until the monitor speaks
-    assert by_name["trust_monitor"].parameters["phase"] == by_name["safety_filter"].parameters["default_phase"]
+    assert by_name["trust_monitor"].parameters["simulated_arm"] is True  # a policy in SIM may run on the embedded arm
+    assert {s.name: s for s in graph.plan("topic_based")}["trust_monitor"].parameters["simulated_arm"] is False
     assert by_name["trust_monitor"].parameters["task"] == "reach"
     assert {s.name: s for s in graph.plan("mujoco", task="track")}["trust_monitor"].parameters["task"] == "track"
     assert str(config_path("trust.yaml")) in command_for(by_name["trust_monitor"], python="python")

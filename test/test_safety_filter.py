@@ -159,6 +159,7 @@ def test_limits_outside_the_urdf_are_refused(urdf):
     ("keepout_boxes_m", (0, 0, 0, 1, -1, 1), r"keepout_boxes_m box 0.*below max"),
     ("keepout_spheres_m", (0, 0, 0, 0), r"keepout_spheres_m.*radius 0"),
     ("level_speed_scale", (0.5, 0.8, 0.3), r"level_speed_scale.*non-increasing"),
+    ("phase_speed_scale", (1.0, 0.9, 0.5), r"phase_speed_scale.*MIXED no looser than SIM and REAL"),
     ("monitored_frames", "wrist_1_link", r"monitored_frames.*list of frame names"),
     ("stop_deceleration_radps2", (1.0,) * 6, r"stop_deceleration_radps2\[0\]=1.0.*>= brake_fraction"),
     ("force_limit_n", True, r"force_limit_n=True.*number"),
@@ -201,9 +202,10 @@ def test_scale_for_trust_level_and_phase():
                 assert s == (0.0, 0.0)
             else:
                 assert 0 < s.speed <= 1 and 0 < s.acceleration <= 1
-    # lower trust or a later phase never gives a larger factor
+    # lower trust never gives a larger factor; MIXED (operator standing by) is the tightest phase
     assert lim.scale_for(2, 0).speed <= lim.scale_for(1, 0).speed <= lim.scale_for(0, 0).speed
-    assert lim.scale_for(0, 2).speed <= lim.scale_for(0, 1).speed <= lim.scale_for(0, 0).speed
+    assert lim.scale_for(0, 1).speed <= min(lim.scale_for(0, 0).speed, lim.scale_for(0, 2).speed)
+    assert lim.scale_for(0, 1).speed < 1.0
     with pytest.raises(SafetyLimitsError, match="level"):
         lim.scale_for(7, 0)
 

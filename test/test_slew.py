@@ -21,7 +21,9 @@ def test_the_delta_is_a_fraction_of_the_filters_acceleration_box_for_the_phase()
     box = np.asarray(LIMITS.accel_max_radps2) * DT
     assert np.allclose(DELTA, 0.95 * box)
     real = slew_delta(LIMITS, DT, 0.95, Phase.REAL)
-    assert np.allclose(real, 0.95 * box * LIMITS.phase_accel_scale[Phase.REAL])  # the REAL phase's smaller box
+    assert np.allclose(real, 0.95 * box * LIMITS.phase_accel_scale[Phase.REAL])  # the phase scales the box
+    mixed = slew_delta(LIMITS, DT, 0.95, Phase.MIXED)
+    assert np.all(mixed < DELTA)  # MIXED: the smaller box
     assert 0.0 <= load_slew_fraction() <= 1.0
 
 
@@ -104,3 +106,21 @@ def test_the_output_stage_follows_the_trust_levels_scales():
     slew = SlewLimiter(np.full(6, 0.1))
     out = slew.limit(np.full(6, 1.0), np.zeros(6), 0.5)
     assert np.allclose(out, 0.05)
+
+
+def test_a_tighter_phase_in_the_trust_state_scales_the_slot_like_the_filter():
+    """The slot's own limits are for its base phase (SIM on the embedded arm); a TrustState in MIXED
+    (the tightest phase) scales it by MIXED's factors relative to them, as the filter applies the
+    tighter of the two; a looser phase than the base changes nothing."""
+    from robot_wm.core.safety.limits import Phase, TrustLevel
+    from robot_wm.core.slew import trust_scales
+
+    limits = load_safety_limits()
+    speed, accel = trust_scales(limits, TrustLevel.FULL, Phase.MIXED, base_phase=Phase.SIM)
+    assert speed == pytest.approx(limits.phase_speed_scale[Phase.MIXED] / limits.phase_speed_scale[Phase.SIM])
+    assert accel == pytest.approx(limits.phase_accel_scale[Phase.MIXED] / limits.phase_accel_scale[Phase.SIM])
+    assert speed < 1.0
+    speed, _ = trust_scales(limits, TrustLevel.SLOW, Phase.MIXED, base_phase=Phase.REAL)
+    assert speed == pytest.approx(limits.level_speed_scale[TrustLevel.SLOW] * limits.phase_speed_scale[Phase.MIXED]
+                                  / limits.phase_speed_scale[Phase.REAL])
+    assert trust_scales(limits, TrustLevel.FULL, Phase.REAL, base_phase=Phase.MIXED) == (1.0, 1.0)

@@ -56,9 +56,9 @@ inputs_hash() {
 # Proves the installed (site-packages) module loads, independent of the source tree: run from /.
 import_check() {
   (cd / && "$PY" -c '
-from robot_wm.msg import WorldModelPrediction, SafetyStatus, TrustState, ModelUpdate
-from robot_wm.srv import InjectFault
-SafetyStatus(); InjectFault.Request()  # loads the C typesupport extension
+from robot_wm.msg import WorldModelPrediction, SafetyStatus, TrustState, ModelUpdate, EpisodeResult, InterventionRequest, InterventionState
+from robot_wm.srv import InjectFault, PhaseChange, Intervention
+SafetyStatus(); InjectFault.Request(); PhaseChange.Request(); InterventionState()  # loads the C typesupport extension
 ' >/dev/null 2>&1)
 }
 

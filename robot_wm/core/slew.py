@@ -83,18 +83,24 @@ class SlewLimiter:
         return out
 
 
-def trust_scales(limits, level, phase) -> tuple[float, float]:
+def trust_scales(limits, level, phase, base_phase=None) -> tuple[float, float]:
     """(speed, acceleration) factors of the safety filter's limits at ``level`` relative to FULL, in
     ``phase``: what the policy slot scales its command and its slew limit by, so that at a reduced
     trust level the nominal respects the reduced limits itself instead of leaning on the filter
     (demo, nominal arm: 33 % of the moving periods filtered without it). At STOP and HUMAN the
     command is zero and the slew limit unscaled (the arm decelerates at the slew rate).
+
+    ``base_phase``: the phase the slot's own limits are for (its slew box, ``slew_delta``; the
+    filter's configured default phase). The filter applies the tighter of ``phase`` and it, and so
+    do these factors; relative to FULL in ``base_phase``.
     """
-    full = limits.scale_for(TrustLevel.FULL, phase)
-    now = limits.scale_for(level, phase)
-    if now.speed == 0.0:
+    base = phase if base_phase is None else base_phase
+    full = limits.scale_for(TrustLevel.FULL, base)
+    a, b = limits.scale_for(level, phase), limits.scale_for(level, base)
+    speed, accel = min(a.speed, b.speed), min(a.acceleration, b.acceleration)
+    if speed == 0.0:
         return 0.0, 1.0
-    return now.speed / full.speed, now.acceleration / full.acceleration
+    return speed / full.speed, accel / full.acceleration
 
 
 def slew_delta(limits, dt_s: float, fraction: float, phase=None) -> np.ndarray:

@@ -4,7 +4,8 @@ Goals come from the ``goals_m`` parameter (a flat list x, y, z, x, y, z, ... in 
 or, when it is empty, are drawn uniformly from the task's goal box with ``seed``. A goal is
 "reached" when the tool (FK of /joint_states) stays within the task's success radius for its hold
 time; the sequencer then moves on, as it does after ``goal_timeout_s``. Goals go out on
-/robot_wm/goal (geometry_msgs/PointStamped) at ``publish_rate_hz``.
+/robot_wm/goal (geometry_msgs/PointStamped) at ``publish_rate_hz``; every finished goal (reached or
+timed out) as a robot_wm/EpisodeResult on /robot_wm/episodes (the trust phases' evidence).
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ class GoalSequencer(Node):
         self._reached_at: float | None = None
         self._pub = self.create_publisher(PointStamped, "/robot_wm/goal", 10)
         self._event_pub = self.create_publisher(String, "~/events", 10)
+        from robot_wm.msg import EpisodeResult
+
+        self._episode_pub = self.create_publisher(EpisodeResult, "/robot_wm/episodes", 10)
         self.create_subscription(JointState, "/joint_states", self._on_state, QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         self._next_goal()
         self.create_timer(1.0 / rate_hz, self._publish)
@@ -74,6 +78,14 @@ class GoalSequencer(Node):
         self._inside_since = None
         self._reached_at = None
         self._event(f"goal {self.index}: ({self.goal[0]:+.3f}, {self.goal[1]:+.3f}, {self.goal[2]:+.3f}) m")
+
+    def _episode(self, success: bool, error_m: float, duration_s: float) -> None:
+        from robot_wm.msg import EpisodeResult
+
+        msg = EpisodeResult(task="reach", index=max(self.index, 0), success=bool(success), error_m=float(error_m),
+                            duration_s=float(duration_s))
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._episode_pub.publish(msg)
 
     def _event(self, text: str) -> None:
         self.get_logger().info(text)
@@ -96,11 +108,13 @@ class GoalSequencer(Node):
                 self.reached += 1
                 self._reached_at = now
                 self._event(f"goal {self.index} reached in {now - self._goal_since:.2f} s")
+                self._episode(True, dist, now - self._goal_since)
         else:
             self._inside_since = None
         if now - self._goal_since > self.timeout_s:
             self.timed_out += 1
             self._event(f"goal {self.index} timed out after {self.timeout_s:.1f} s (distance {dist * 1e3:.0f} mm)")
+            self._episode(False, dist, now - self._goal_since)
             self._next_goal()
 
     def _publish(self) -> None:

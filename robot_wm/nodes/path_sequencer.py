@@ -83,6 +83,9 @@ class PathSequencer(Node):
         self.filter_state = "unknown (no /robot_wm/safety_status yet)"
         self._pub = self.create_publisher(MultiDOFJointTrajectory, REFERENCE_TOPIC, 10)
         self._event_pub = self.create_publisher(String, "~/events", 10)
+        from robot_wm.msg import EpisodeResult
+
+        self._episode_pub = self.create_publisher(EpisodeResult, "/robot_wm/episodes", 10)
         self.create_subscription(JointState, "/joint_states", self._on_state,
                                  QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         if self.wait_for_filter:
@@ -119,6 +122,12 @@ class PathSequencer(Node):
                              "success": ok})
         self._event(f"path {self.index} done: RMS {s.rms_m * 1e3:.1f} mm, max {s.max_m * 1e3:.1f} mm "
                     f"({'success' if ok else 'FAILED'}; measured tool)")
+        from robot_wm.msg import EpisodeResult
+
+        msg = EpisodeResult(task="track", index=max(self.index, 0), success=bool(ok), error_m=float(s.rms_m),
+                            duration_s=float(self.spec.episode_s))
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._episode_pub.publish(msg)
         self._next_path(now_s)
 
     def _on_status(self, msg) -> None:

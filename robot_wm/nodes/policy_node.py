@@ -13,6 +13,17 @@ command on /robot_wm/action_nominal. It
 never talks to the hardware: the safety filter is the only publisher of hardware commands. With
 a stale joint state, no goal, or a reference window that does not cover the preview it
 publishes nothing, and the filter's staleness check stops the arm.
+
+Human intervention (``robot_wm.core.teleop``): /robot_wm/intervention/take (robot_wm/srv/
+Intervention) replaces the policy's nominal by the operator's jog, /robot_wm/teleop/joint_velocity
+(std_msgs/Float64MultiArray, rad/s in joint order) or /robot_wm/teleop/twist (geometry_msgs/
+TwistStamped, the tool in the base frame), clipped to the limits in force and slew-limited like the
+policy, still through the safety filter; no teleop message for ``teleop_deadman_s`` -> zero.
+/robot_wm/intervention/release hands back to the policy, only from rest (every joint slower than
+``release_rest_radps``), the policy's first command ramping from the measured velocity: no jump.
+Who commands is published on /robot_wm/intervention/state (robot_wm/msg/InterventionState,
+transient local, on change and at 1 Hz: the flag a recording carries into the data) and every
+take-over is appended, with its reason and times, to ``intervention_log`` (JSON lines).
 """
 from __future__ import annotations
 
@@ -24,6 +35,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import MultiDOFJointTrajectory
 
 from robot_wm.core.slew import DEFAULT_SLEW_FRACTION
+from robot_wm.core.teleop import DEFAULT_DEADMAN_S, DEFAULT_REST_RADPS
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, vector
 from robot_wm.nodes.params import declare
@@ -55,7 +67,17 @@ class PolicyNode(ControlNode):
         self.phase = declare(self, "phase", 2, "deployment phase whose acceleration scale the slew limit uses "
                              "(TrustState PHASE_*; robot_wm.graph.plan sets the safety filter's default_phase)",
                              range_=(0, 2), read_only=True)
+        self.deadman_s = declare(self, "teleop_deadman_s", DEFAULT_DEADMAN_S, "no teleop message for this long -> "
+                                 "zero (s)", range_=(0.01, 2.0), read_only=True)
+        self.rest_radps = declare(self, "release_rest_radps", DEFAULT_REST_RADPS, "an intervention is released only "
+                                  "with every joint slower than this (rad/s)", range_=(1e-4, 0.5), read_only=True)
+        self.intervention_log = declare(self, "intervention_log", "", "JSON-lines log of take-overs (empty: "
+                                        "$ROBOT_WM_STATE_DIR/interventions.jsonl)", read_only=True)
         self.runner = None
+        self.teleop = None  # robot_wm.core.teleop.Teleop (configured)
+        from robot_wm.core.teleop import Intervention
+
+        self.intervention = Intervention(self.rest_radps)
         self.slew = None  # robot_wm.core.slew.SlewLimiter, or None (command_slew_fraction 0)
         self.kin = None
         self._pub = None
@@ -73,6 +95,7 @@ class PolicyNode(ControlNode):
         from robot_wm.msg import TrustState
 
         self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
+        self._intervention_setup()
 
     # ---- lifecycle
     def on_configure(self, state: State) -> TransitionCallbackReturn:
@@ -103,6 +126,9 @@ class PolicyNode(ControlNode):
             self._limits = load_safety_limits()
             self.slew = (SlewLimiter(slew_delta(self._limits, self.period_s, self.slew_fraction, self.phase))
                          if self.slew_fraction > 0 else None)
+            from robot_wm.core.teleop import Teleop
+
+            self.teleop = Teleop(self.kin, np.zeros(len(self.joint_names)), self.deadman_s)
         except (ModelError, SafetyLimitsError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
@@ -174,7 +200,7 @@ class PolicyNode(ControlNode):
         from robot_wm.core.slew import trust_scales
 
         try:
-            return trust_scales(self._limits, *self._trust)
+            return trust_scales(self._limits, *self._trust, base_phase=self.phase)
         except ValueError:  # a malformed TrustState: the filter latches on it; here the safe choice
             return 0.0, 1.0
 
@@ -189,6 +215,9 @@ class PolicyNode(ControlNode):
             self.get_logger().warning("no fresh joint state: not commanding", throttle_duration_sec=1.0)
             return
         q, qdot = state
+        if self.intervention.active:
+            self._teleop_step(q, qdot)
+            return
         obs = self._observation(q, qdot)
         if obs is None:
             return
@@ -199,6 +228,136 @@ class PolicyNode(ControlNode):
             return
         speed, accel = self._trust_scales()
         action = action * speed
+        if self.slew is not None:
+            action = self.slew.limit(action, qdot, accel)
+        self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
+
+    # ---- human intervention
+    def _intervention_setup(self) -> None:
+        from geometry_msgs.msg import TwistStamped
+        from rclpy.qos import DurabilityPolicy, QoSProfile
+
+        from robot_wm.msg import InterventionState
+        from robot_wm.srv import Intervention as InterventionSrv
+
+        self._state_pub = self.create_publisher(
+            InterventionState, "/robot_wm/intervention/state",
+            QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self.create_subscription(Float64MultiArray, "/robot_wm/teleop/joint_velocity", self._on_teleop_joint, 10)
+        self.create_subscription(TwistStamped, "/robot_wm/teleop/twist", self._on_teleop_twist, 10)
+        self.create_service(InterventionSrv, "/robot_wm/intervention/take", self._on_take)
+        self.create_service(InterventionSrv, "/robot_wm/intervention/release", self._on_release)
+        self._state_since = self.get_clock().now().to_msg()
+        self._state_reason = "policy in command (start-up)"
+        self.create_timer(1.0, self._publish_intervention_state)
+        self._publish_intervention_state()
+
+    def _on_teleop_joint(self, msg: Float64MultiArray) -> None:
+        self._teleop_input(lambda t: self.teleop.joint_velocity(t, list(msg.data)))
+
+    def _on_teleop_twist(self, msg) -> None:
+        lin, ang = msg.twist.linear, msg.twist.angular
+        self._teleop_input(lambda t: self.teleop.twist(t, [lin.x, lin.y, lin.z], [ang.x, ang.y, ang.z],
+                                                       msg.header.frame_id))
+
+    def _teleop_input(self, apply) -> None:
+        import time
+
+        from robot_wm.core.teleop import TeleopInputError
+
+        if self.teleop is None or not self.intervention.active:
+            return  # jogs outside a take-over are not commands (a stale jog must not move the arm later)
+        try:
+            apply(time.monotonic())
+        except TeleopInputError as exc:
+            self.get_logger().error(f"ignoring teleop command: {exc}", throttle_duration_sec=1.0)
+
+    def _now_s(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _on_take(self, request, response):
+        try:
+            if self.teleop is None:
+                response.success, response.message = False, "policy node not configured: nothing to take over from"
+                return response
+            self.teleop.clear()
+            response.success, response.message = self.intervention.take(request.reason, self._now_s())
+            if response.success:
+                self._state_changed(f"operator took over: {self.intervention.current.reason}")
+        except Exception as exc:  # noqa: BLE001 - a service must answer; the filter keeps guarding
+            response.success, response.message = False, f"take failed inside the policy node: {exc!r}"
+        try:
+            self.get_logger().warning(f"intervention take: {'accepted' if response.success else 'refused'}: "
+                                      f"{response.message}")
+        except Exception:  # noqa: BLE001 - logging must not end the node
+            pass
+        return response
+
+    def _on_release(self, request, response):
+        try:
+            state = self.fresh_state()
+            rec = self.intervention.current
+            response.success, response.message = self.intervention.release(
+                request.reason, self._now_s(), None if state is None else state[1])
+            if response.success:
+                if self.slew is not None:
+                    self.slew.reset()  # the policy's first command is limited around the measured (rest) velocity
+                self.teleop.clear()
+                self._log_intervention(rec)
+                self._state_changed(f"handed back to the policy: {rec.release_reason}")
+        except Exception as exc:  # noqa: BLE001
+            response.success, response.message = False, f"release failed inside the policy node: {exc!r}"
+        try:
+            self.get_logger().warning(f"intervention release: {'accepted' if response.success else 'refused'}: "
+                                      f"{response.message}")
+        except Exception:  # noqa: BLE001 - logging must not end the node
+            pass
+        return response
+
+    def _state_changed(self, reason: str) -> None:
+        self._state_since = self.get_clock().now().to_msg()
+        self._state_reason = reason
+        self._publish_intervention_state()
+
+    def _publish_intervention_state(self) -> None:
+        from robot_wm.msg import InterventionState
+
+        msg = InterventionState(active=self.intervention.active, since=self._state_since, reason=self._state_reason,
+                                count=len(self.intervention.records))
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._state_pub.publish(msg)
+
+    def _log_intervention(self, record) -> None:
+        import json
+        from pathlib import Path
+
+        from robot_wm.paths import state_dir
+
+        path = Path(self.intervention_log) if self.intervention_log else state_dir() / "interventions.jsonl"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(json.dumps({"node": self.get_fully_qualified_name(), "task": self.task_name,
+                                    **record.to_json()}) + "\n")
+        except OSError as exc:
+            self.get_logger().error(f"intervention log {path}: {exc} (the intervention itself went through)")
+
+    def _teleop_step(self, q: np.ndarray, qdot: np.ndarray) -> None:
+        """The operator's jog in the policy's slot: clipped to the limits in force, slew-limited."""
+        import time
+
+        from robot_wm.core.safety.limits import TrustLevel
+
+        from robot_wm.core.slew import trust_scales
+
+        level, phase = self._trust if self._trust is not None else (int(TrustLevel.SLOW), self.phase)
+        try:
+            speed, accel = trust_scales(self._limits, level, phase, base_phase=self.phase)
+            full = self._limits.scale_for(TrustLevel.FULL, self.phase).speed
+        except ValueError:  # a malformed TrustState: hold still
+            speed, accel, full = 0.0, 1.0, 0.0
+        self.teleop.set_speed_max(np.asarray(self._limits.velocity_max_radps) * speed * full)
+        action = self.teleop.command(time.monotonic(), q)
         if self.slew is not None:
             action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))

@@ -9,6 +9,17 @@ after a clean hold. Output: ``TrustState`` on /robot_wm/trust every period, a Di
 /diagnostics each second and on every level change, and ``~/acknowledge`` (std_srvs/Trigger) for
 an operator to release HUMAN.
 
+Deployment phases (``robot_wm.core.trust.phase``): the phase is persisted in ``phase_file`` (atomic
+JSON with its history; SIM when there is none) and published in every TrustState, so the filter
+applies its limits. The node gathers the phase's evidence (minutes operated under the policy, the
+episodes on /robot_wm/episodes, the trust score, anomalies), grants /robot_wm/phase/promote
+(robot_wm/srv/PhaseChange) only when config/trust.yaml's criteria are met (refused with the unmet
+ones listed), /robot_wm/phase/demote always, and demotes by itself: an anomaly in REAL -> MIXED, in
+MIXED -> HUMAN (the operator standing by), an operator's take-over in REAL -> MIXED. On a real arm
+(``simulated_arm`` false) a policy still in SIM is held at STOP. When it holds the arm for a human it
+says so on /robot_wm/intervention/requests (robot_wm/msg/InterventionRequest); while an operator
+has taken over (/robot_wm/intervention/state) it publishes SLOW: teleoperation at reduced limits.
+
 Fail-safe: without a usable calibration for the running world model (missing file, another model's
 calibration), without predictions or without joint states it publishes STOP with the reason, so
 the filter holds the arm; a callback error is logged and the last level is kept (never raised).
@@ -29,7 +40,8 @@ from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
 from robot_wm.core.safety.limits import TrustLevel
-from robot_wm.msg import SafetyStatus, TrustState, WorldModelPrediction
+from robot_wm.msg import (EpisodeResult, InterventionRequest, InterventionState, SafetyStatus, TrustState,
+                          WorldModelPrediction)
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, stamp_to_s
 from robot_wm.nodes.params import declare
@@ -77,8 +89,26 @@ class TrustMonitorNode(ControlNode):
                                read_only=True)
         self.task = declare(self, "task", "reach", "the task whose calibration is the default (reach, track)",
                             read_only=True)
-        self.phase = declare(self, "phase", 2, "deployment phase published in TrustState (PHASE_*)", range_=(0, 2),
-                             read_only=True)
+        from robot_wm.core.trust.phase import PromotionCriteria
+        from robot_wm.core.trust.settings import PHASE_KEYS
+
+        self.simulated_arm = declare(self, "simulated_arm", True, "the arm is a simulator (robot_wm.graph.plan: the "
+                                     "embedded arm); on a real arm a policy in phase SIM is held at STOP",
+                                     read_only=True)
+        self.phase_file = declare(self, "phase_file", "", "the persisted deployment phase (empty: "
+                                  "$ROBOT_WM_STATE_DIR/phase/<task>.json)", read_only=True)
+        crit = PromotionCriteria()
+        for step in ("to_mixed", "to_real"):
+            for key in PHASE_KEYS:
+                self.params[f"phase_{step}_{key}"] = declare(self, f"phase_{step}_{key}", getattr(crit, key),
+                                                             "promotion criterion (config/trust.yaml)", read_only=True)
+        self.phases = None  # robot_wm.core.trust.phase.PhaseMachine (configured)
+        self._intervention = False
+        self._episodes = self._episodes_ignored = 0
+        self._anomalies_seen = 0
+        self._phase_saved_t = time.monotonic()
+        self._operate_t: float | None = None
+        self._request_pub = None
         self.tracker = None
         self.calibration = None
         self._recording: dict | None = None  # calibrate_s > 0: what normal operation looked like
@@ -98,6 +128,21 @@ class TrustMonitorNode(ControlNode):
         self.create_subscription(JointState, self.joint_states_topic, self._guard(self._on_joint_state_full),
                                  QoSProfile(depth=20, reliability=ReliabilityPolicy.RELIABLE))
         self.create_service(Trigger, "~/acknowledge", self._on_acknowledge)
+        from rclpy.qos import DurabilityPolicy
+
+        from robot_wm.srv import PhaseChange
+
+        self.create_subscription(InterventionState, "/robot_wm/intervention/state",
+                                 self._guard(self._on_intervention_state),
+                                 QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self.create_subscription(EpisodeResult, "/robot_wm/episodes", self._guard(self._on_episode), 10)
+        self.create_service(PhaseChange, "/robot_wm/phase/promote", self._on_promote)
+        self.create_service(PhaseChange, "/robot_wm/phase/demote", self._on_demote)
+
+    @property
+    def phase(self) -> int:
+        """The phase in force (SIM while the phase file could not be read: the arm is held anyway)."""
+        return 0 if self.phases is None else int(self.phases.phase)
 
     # ------------------------------------------------------------------ lifecycle
     def on_configure(self, state: State) -> TransitionCallbackReturn:
@@ -124,6 +169,25 @@ class TrustMonitorNode(ControlNode):
             return TransitionCallbackReturn.FAILURE
         path = self.calibration_file or str(default_calibration_path(self.profile, self.task))
         self._config, self._kin, self._path = config, kin, path
+        self._request_pub = self.create_publisher(InterventionRequest, "/robot_wm/intervention/requests", 10)
+        from robot_wm.core.trust.phase import PhaseFileError, PhaseMachine, PhaseStore
+        from robot_wm.core.trust.settings import phase_config_from_params
+        from robot_wm.paths import state_dir
+
+        phase_path = self.phase_file or str(state_dir() / "phase" / f"{self.task}.json")
+        try:
+            self.phases = PhaseMachine(phase_config_from_params(self.params), PhaseStore(phase_path))
+        except ValueError as exc:  # a bad criterion in config, or an unreadable phase file (PhaseFileError)
+            kind = "phase file" if isinstance(exc, PhaseFileError) else "phase criteria"
+            self.get_logger().error(f"configure failed: {kind}: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        except OSError as exc:
+            self.get_logger().error(f"configure failed: cannot write the phase file {phase_path}: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self._phase_path = phase_path
+        self.get_logger().info(f"deployment phase {self.phases.phase.name} (since "
+                               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(self.phases.state.since_unix))}, "
+                               f"{phase_path})")
         if self.calibrate_s > 0:
             from robot_wm.learning.trust_eval import _recording_calibration
 
@@ -133,7 +197,7 @@ class TrustMonitorNode(ControlNode):
             self.problem = None
             self.get_logger().warning(
                 f"calibrating: recording {self.calibrate_s:g} s of normal operation, then writing {path}; until then "
-                f"the monitor does not judge (level {'FULL on the simulator' if self.phase == 0 else 'CAUTIOUS'})")
+                f"the monitor does not judge (level {'FULL on the simulator' if self.simulated_arm else 'CAUTIOUS'})")
             return TransitionCallbackReturn.SUCCESS
         try:
             self.calibration = _with_floors(calib_io.load(path), config_from_params(self.params)[1].floor_map())
@@ -187,6 +251,9 @@ class TrustMonitorNode(ControlNode):
         if any(a.shape != (n,) for a in arrays):
             return
         self._model_version = msg.model_version
+        if self.phases is not None and self.phases.state.model_version != msg.model_version:
+            self.phases.set_model(msg.model_version)
+            self.phases.save()
         if self._recording is not None:
             self.calibration = type(self.calibration)(self.calibration.thresholds, 0.5, msg.model_version, "recording", 0)
         if msg.model_version != self.calibration.model_version:
@@ -213,6 +280,105 @@ class TrustMonitorNode(ControlNode):
         except Exception as exc:  # noqa: BLE001
             response.success, response.message = False, f"acknowledge failed inside the monitor: {exc!r}"
         return response
+
+    def _on_intervention_state(self, msg: InterventionState) -> None:
+        active = bool(msg.active)
+        if active == self._intervention:
+            return
+        self._intervention = active
+        if self.tracker is not None:
+            self.tracker.monitor.set_operator(active)
+        if active and self.phases is not None:
+            before = self.phases.phase
+            if self.phases.intervention(msg.reason):
+                self.get_logger().warning(f"phase {before.name} -> {self.phases.phase.name}: automatic demotion on "
+                                          f"an intervention ({msg.reason})")
+        self.get_logger().warning(f"intervention {'taken' if active else 'released'}: {msg.reason}")
+
+    def _on_episode(self, msg: EpisodeResult) -> None:
+        if self.phases is None:
+            return
+        if self._intervention or not self._operating():
+            self._episodes_ignored += 1  # an episode under teleop or a held arm is no evidence for the policy
+            return
+        self._episodes += 1
+        self.phases.episode(bool(msg.success))
+
+    def _calibrated(self) -> bool:
+        cal = self.calibration
+        return (cal is not None and self._recording is None and self._model_version is not None
+                and cal.model_version == self._model_version and not self.problem)
+
+    def _on_promote(self, request, response):
+        return self._phase_service(request, response, promote=True)
+
+    def _on_demote(self, request, response):
+        return self._phase_service(request, response, promote=False)
+
+    def _phase_service(self, request, response, promote: bool):
+        verb = "promote" if promote else "demote"
+        try:
+            if self.phases is None:
+                response.success, response.message, response.unmet = False, self.problem or "not configured", []
+            elif promote:
+                ok, message, unmet = self.phases.promote(request.reason, calibrated=self._calibrated())
+                response.success, response.message, response.unmet = ok, message, list(unmet)
+            else:
+                ok, message = self.phases.demote(request.reason)
+                response.success, response.message, response.unmet = ok, message, []
+            response.phase = self.phase
+            text = (f"operator {verb} ({request.reason or 'no reason'}): "
+                    f"{'granted' if response.success else 'refused'}: {response.message}")
+            if response.success:
+                self.get_logger().warning(text)
+            else:
+                self.get_logger().info(text)
+        except Exception as exc:  # noqa: BLE001 - a failed write keeps the old phase in force and says so
+            response.success, response.message, response.unmet = False, f"{verb} failed: {exc!r}", []
+            response.phase = self.phase
+        return response
+
+    def _operating(self) -> bool:
+        """The arm moves under the policy: a moving level in force and the filter enabled (OK, FILTERING)."""
+        fresh = self._status is not None and time.monotonic() - self._status[0] <= _STATUS_FRESH_S
+        return (self._last_level is not None and self._last_level < 3 and fresh and self._status[1] in (0, 1)
+                and not self._intervention)
+
+    def _phase_bookkeeping(self, out) -> None:
+        """Evidence, automatic demotion, the MIXED phase's call for a human; the file every 5 s."""
+        ph, monitor = self.phases, self.tracker.monitor
+        now = time.monotonic()
+        if self._operate_t is not None and self._operating():
+            ph.operate(min(now - self._operate_t, 0.1), out.score)
+        self._operate_t = now
+        if monitor.anomalies > self._anomalies_seen:
+            self._anomalies_seen = monitor.anomalies
+            before = ph.phase
+            action = ph.anomaly(out.reason)
+            if action == "demoted":
+                self.get_logger().error(f"phase {before.name} -> {ph.phase.name}: automatic demotion on an anomaly: "
+                                        f"{out.reason}")
+                self._request(InterventionRequest.SEVERITY_WARNING,
+                              f"automatic demotion {before.name} -> {ph.phase.name} on an anomaly: {out.reason}")
+        monitor.human_on_anomaly = ph.phase == 1  # MIXED: the operator standing by decides
+        if now - self._phase_saved_t >= 5.0:
+            self._phase_saved_t = now
+            ph.save()
+
+    def _request(self, severity: int, reason: str) -> None:
+        msg = InterventionRequest(severity=int(severity), phase=self.phase, reason=reason[:500])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        if self._request_pub is not None:
+            self._request_pub.publish(msg)
+        self.get_logger().warning(f"intervention requested: {reason}")
+
+    def on_shutdown(self, state: State) -> TransitionCallbackReturn:
+        if self.phases is not None:
+            try:
+                self.phases.save()
+            except OSError:
+                pass
+        return TransitionCallbackReturn.SUCCESS
 
     # ------------------------------------------------------------------ the period
     def control_step(self) -> None:
@@ -259,6 +425,13 @@ class TrustMonitorNode(ControlNode):
         if self._recording is not None:
             self._record(sample[0], effort)
             return
+        if self.phases is not None:
+            self._phase_bookkeeping(self._out)
+            if self.phase == 0 and not self.simulated_arm:
+                self._publish(3, self._out.score, self._out.normalized_error, self._out.threshold,
+                              "phase SIM on a real arm: the policy has not been promoted to the real arm "
+                              "(`robot-wm trust promote` on the simulator's evidence)", self._out.ratios)
+                return
         self._publish_out(self._out)
 
     def _pick(self, fresh: list):
@@ -294,7 +467,7 @@ class TrustMonitorNode(ControlNode):
         rec["features"].append(np.full((n, 5), np.nan) if f is None else f)
         rec["effort"].append(np.zeros(n) if effort is None else effort)
         elapsed = t_s - rec["t"][0]
-        level = 0 if self.phase == 0 else 1
+        level = 0 if self.simulated_arm else 1
         if elapsed < self.calibrate_s:
             self._publish(level, 1.0, math.nan, math.nan,
                           f"calibrating: {elapsed:.0f} of {self.calibrate_s:g} s of normal operation recorded")
@@ -343,6 +516,10 @@ class TrustMonitorNode(ControlNode):
         if self._trust_pub is not None:
             self._trust_pub.publish(msg)
         changed = level != self._last_level
+        if changed and level == 4:
+            anomaly = "anomaly" in reason
+            self._request(InterventionRequest.SEVERITY_CRITICAL if anomaly else InterventionRequest.SEVERITY_WARNING,
+                          reason)
         if changed:
             if level == 0:
                 self.get_logger().info(f"trust level FULL: {reason}")
@@ -354,10 +531,16 @@ class TrustMonitorNode(ControlNode):
             status = DiagnosticStatus(name="robot_wm/trust_monitor", hardware_id="world_model",
                                       level=_DIAG_LEVELS[level], message=reason[:200])
             values = {"level": str(level), "score": f"{score:.3f}", "phase": str(self.phase),
+                      "intervention": str(self._intervention).lower(),
                       "callback_errors": str(self.callback_errors),
                       "model_version": self._model_version or "none"}
             for k, v in (ratios or {}).items():
                 values[f"ratio_{k}"] = f"{v:.3f}"
+            if self.phases is not None:
+                ev = self.phases.state.evidence
+                values.update({"phase_minutes": f"{ev.operating_s / 60.0:.2f}", "phase_episodes": str(ev.episodes),
+                               "phase_success_rate": f"{ev.success_rate:.3f}", "phase_mean_score": f"{ev.mean_score:.3f}",
+                               "phase_anomalies": str(ev.anomalies), "phase_file": self._phase_path})
             if self.calibration is not None:
                 values["calibration_model_version"] = self.calibration.model_version
                 values["calibration_source"] = self.calibration.source

@@ -206,8 +206,8 @@ class SafetyLimits:
     stale_limit_periods: int = 3
     level_speed_scale: tuple[float, float, float] = (1.0, 0.6, 0.3)
     level_accel_scale: tuple[float, float, float] = (1.0, 0.7, 0.5)
-    phase_speed_scale: tuple[float, float, float] = (1.0, 0.7, 0.5)
-    phase_accel_scale: tuple[float, float, float] = (1.0, 0.8, 0.6)
+    phase_speed_scale: tuple[float, float, float] = (1.0, 0.5, 1.0)
+    phase_accel_scale: tuple[float, float, float] = (1.0, 0.6, 1.0)
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
@@ -226,9 +226,13 @@ class SafetyLimits:
                 put(name, _number(name, value, spec, integer=True))
             elif spec.kind in ("levels", "phases"):
                 vec = _numbers(name, value, spec, length=3)
-                if any(b > a for a, b in zip(vec, vec[1:])):
-                    order = "FULL >= CAUTIOUS >= SLOW" if spec.kind == "levels" else "SIM >= MIXED >= REAL"
-                    raise SafetyLimitsError(f"safety.{name}={list(vec)}: expected non-increasing factors ({order})")
+                if spec.kind == "levels" and any(b > a for a, b in zip(vec, vec[1:])):
+                    raise SafetyLimitsError(f"safety.{name}={list(vec)}: expected non-increasing factors "
+                                            "(FULL >= CAUTIOUS >= SLOW)")
+                if spec.kind == "phases" and vec[1] > min(vec[0], vec[2]):
+                    # MIXED: the first runs on the real arm, an operator standing by: the tightest
+                    raise SafetyLimitsError(f"safety.{name}={list(vec)}: expected MIXED no looser than SIM and "
+                                            "REAL (MIXED <= SIM, MIXED <= REAL)")
                 put(name, vec)
             elif spec.kind == "boxes":
                 vec = _numbers(name, value, spec, multiple=_BOX_SIZE)

@@ -21,6 +21,10 @@ Levels (``TrustLevel``) and how they move::
     does not count), or any anomaly while ``human_on_anomaly`` -> HUMAN:
     held until ``acknowledge()`` (an operator), and even then only once the evidence is clean.
 
+    An operator in control (``set_operator(True)``: a take-over, teleoperation through the filter)
+    -> SLOW whatever the evidence, HUMAN released (the human is there); handing back -> SLOW, then
+    the rules above (down at once on evidence, up after clean holds): no jump.
+
 Levels step down at once and up only after a clean hold, one at a time, so a single odd sample
 never stops the arm and a recovery is never a jump. numpy only (no rclpy).
 """
@@ -129,6 +133,20 @@ class TrustMonitor:
         self.human_reason = ""
         self.anomalies = 0  # anomaly onsets (evidence STOP after a period without)
         self._was_anomaly = False
+        #: an anomaly calls a human at once (the node sets it for the MIXED phase)
+        self.human_on_anomaly = config.human_on_anomaly
+        self.operator = False  # an operator is in control (teleoperation): SLOW, no latching
+
+    def set_operator(self, active: bool) -> None:
+        """An operator took over (True) or handed back (False); see the module docstring."""
+        active = bool(active)
+        if active == self.operator:
+            return
+        self.operator = active
+        self.human_reason = ""
+        self.level = TrustLevel.SLOW
+        self._better_since = self._stop_since = None
+        self._has_moved = True
 
     # ------------------------------------------------------------------ operator
     def acknowledge(self) -> tuple[bool, str]:
@@ -205,9 +223,12 @@ class TrustMonitor:
 
     def _move(self, t_s: float, evidence: TrustLevel, anomaly: bool) -> None:
         cfg = self.config
+        if self.operator:
+            self.level = TrustLevel.SLOW  # the operator teleoperates at SLOW limits; nothing latches
+            return
         if self.level == TrustLevel.HUMAN:
             return  # only acknowledge() leaves it
-        if anomaly and cfg.human_on_anomaly:
+        if anomaly and self.human_on_anomaly:
             self._to_human(f"anomaly: {self._reason(t_s)}")
             return
         if evidence > self.level:  # worse: at once
@@ -235,6 +256,11 @@ class TrustMonitor:
         self._better_since = None
 
     def _reason(self, t_s: float) -> str:
+        if self.operator:
+            return "operator in control (teleoperation at SLOW limits); evidence: " + self._signal_reason(t_s)
+        return self._signal_reason(t_s)
+
+    def _signal_reason(self, t_s: float) -> str:
         if self.level == TrustLevel.HUMAN and self.human_reason:
             return f"HUMAN (operator must acknowledge): {self.human_reason}"
         if self._last_prediction_t is None or t_s - self._last_prediction_t > self.config.stale_s:

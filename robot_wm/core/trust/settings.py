@@ -49,6 +49,62 @@ def config_from_params(params: dict) -> tuple[TrustConfig, CalibrationSettings]:
     return config, CalibrationSettings(exceedance, seconds, floors)
 
 
+PHASE_KEYS = ("min_minutes", "min_episodes", "min_success_rate", "min_mean_score", "anomaly_free_minutes",
+              "require_calibration")
+
+
+def phase_config_from_params(params: dict):
+    """PhaseConfig from the flat ``phase_<step>_<criterion>`` parameters (step: to_mixed, to_real).
+
+    Raises:
+        ValueError: a value of the wrong type or range (the message names the parameter).
+    """
+    from robot_wm.core.trust.phase import criteria_from_mapping
+
+    data: dict = {"to_mixed": {}, "to_real": {}}
+    for step in data:
+        for key in PHASE_KEYS:
+            name = f"phase_{step}_{key}"
+            if name not in params:
+                continue
+            v = params[name]
+            if key == "require_calibration":
+                if not isinstance(v, bool):
+                    raise ValueError(f"{SECTION}.{name}={v!r}: expected true or false")
+            elif key == "min_episodes":
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"{SECTION}.{name}={v!r}: expected an integer >= 0")
+            else:
+                v = _number(params, name, 0.0)
+            data[step][key] = v
+    try:
+        return criteria_from_mapping(data, SECTION)
+    except ValueError as exc:
+        raise ValueError(f"{SECTION}: {exc}") from None
+
+
+def load_phase_config(path: Path | None = None):
+    """The promotion criteria of config/trust.yaml (or ``path``); ValueError names what is wrong."""
+    params = _read_params(path)
+    try:
+        return phase_config_from_params(params)
+    except ValueError as exc:
+        raise ValueError(f"{path or 'config/trust.yaml'}: {exc}") from exc
+
+
+def _read_params(path: Path | None) -> dict:
+    import yaml
+
+    from robot_wm.paths import config_path
+
+    path = Path(path) if path is not None else config_path("trust.yaml")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+        return doc.get(SECTION, {}).get("ros__parameters", {})
+    except (OSError, yaml.YAMLError, AttributeError) as exc:
+        raise ValueError(f"{path}: cannot read {SECTION}.ros__parameters: {exc}") from exc
+
+
 def load_trust_config(path: Path | None = None) -> tuple[TrustConfig, CalibrationSettings]:
     """Read config/trust.yaml (or ``path``).
 
@@ -82,4 +138,5 @@ def _number(params: dict, name: str, default: float) -> float:
     return float(v)
 
 
-__all__ = ["CalibrationSettings", "config_from_params", "load_trust_config"]
+__all__ = ["CalibrationSettings", "PHASE_KEYS", "config_from_params", "load_phase_config", "load_trust_config",
+           "phase_config_from_params"]

@@ -1,0 +1,182 @@
+"""Trust phases and human intervention in the whole ROS graph on the embedded arm, through the
+operator's CLI: a promotion refused with its unmet criteria and then granted on evidence, the
+MIXED phase's reduced limits on the measured arm, a take-over, teleoperation that cannot break
+the filter's limits, the deadman, a release refused while moving and granted at rest, the policy
+resuming without a jump, and the intervention in the log and on /robot_wm/intervention/state.
+
+Time is judged by the joint states' own stamps; waits are on conditions."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import wait_for
+from rosclient import ArmClient
+
+CLI = [sys.executable, "-m", "robot_wm.cli"]
+# promotion criteria small enough for a test: seconds, not minutes
+CRITERIA = {"phase_to_mixed_min_minutes": 0.3, "phase_to_mixed_min_episodes": 4,
+            "phase_to_mixed_min_success_rate": 0.5, "phase_to_mixed_min_mean_score": 0.3,
+            "phase_to_mixed_anomaly_free_minutes": 0.1}
+
+
+def _cli(*args, timeout=90):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def _stamp(msg) -> float:
+    return msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(spawn, ros_context, tmp_path):
+    from geometry_msgs.msg import TwistStamped
+    from rclpy.qos import DurabilityPolicy, QoSProfile
+    from std_msgs.msg import Float64MultiArray
+
+    from robot_wm import graph
+    from robot_wm.core.safety import load_safety_limits
+    from robot_wm.core.safety.limits import Phase, TrustLevel
+    from robot_wm.msg import InterventionState, TrustState
+    from robot_wm.process_group import command_for
+
+    phase_file, log = tmp_path / "phase.json", tmp_path / "interventions.jsonl"
+    overrides = {"profile": "nominal", "phase_file": str(phase_file), "intervention_log": str(log), **CRITERIA}
+    specs = [s for s in graph.plan("mujoco", overrides=overrides, enable=True) if not s.needs_ros_install]
+    procs = {s.name: spawn(command_for(s)) for s in specs}
+    arm = ArmClient(ros_context, start=False)
+    trust: list = []
+    who: list = []
+    arm.node.create_subscription(TrustState, "/robot_wm/trust", trust.append, 50)
+    arm.node.create_subscription(InterventionState, "/robot_wm/intervention/state", who.append,
+                                 QoSProfile(depth=5, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+    jog = arm.node.create_publisher(Float64MultiArray, "/robot_wm/teleop/joint_velocity", 10)
+    twist = arm.node.create_publisher(TwistStamped, "/robot_wm/teleop/twist", 10)
+    arm.start()
+    limits = load_safety_limits()
+    vmax = np.asarray(limits.velocity_max_radps)
+
+    def logs():
+        return "\n".join(f"--- {n}\n{p.output()[-2500:]}" for n, p in procs.items())
+
+    def since(t0, pred):
+        return [s for s in list(trust) if _stamp(s) >= t0 and pred(s)]
+
+    try:
+        assert wait_for(lambda: since(0, lambda s: s.level == TrustLevel.FULL), 120.0), logs()
+        assert trust[-1].phase == Phase.SIM
+        assert json.loads(phase_file.read_text())["phase"] == "SIM"
+
+        # --- a promotion without the evidence is refused, naming what is missing
+        refused = _cli("trust", "promote", "--reason", "too early", "--timeout", "20")
+        assert refused.returncode == 1 and "REFUSED" in refused.stdout, refused
+        assert "unmet: operated" in refused.stdout and "(phase now SIM)" in refused.stdout, refused.stdout
+        # --- the evidence comes in (18 s operated, 4 goals): granted
+        answers = []
+        deadline = time.monotonic() + 90.0
+        while time.monotonic() < deadline:
+            answers.append(_cli("trust", "promote", "--reason", "sim evidence", "--timeout", "20"))
+            if answers[-1].returncode == 0:
+                break
+            time.sleep(2.0)
+        granted = answers[-1]
+        assert granted.returncode == 0 and "promoted SIM -> MIXED" in granted.stdout, \
+            ([(a.stdout, a.stderr) for a in answers], logs())
+        t_mixed = time.time()
+        assert wait_for(lambda: since(t_mixed, lambda s: s.phase == Phase.MIXED), 5.0)
+        history = json.loads(phase_file.read_text())["history"]
+        assert history[-1]["to"] == "MIXED" and history[-1]["by"] == "operator"
+        # MIXED's reduced limits on the measured arm (the filter applies the phase of the TrustState)
+        time.sleep(3.0)
+        mixed_cap = vmax * limits.phase_speed_scale[Phase.MIXED]
+        moving = [s for s in arm.states if s[5] >= t_mixed + 0.5]
+        assert moving and max(np.max(np.abs(s[2]) / mixed_cap) for s in moving) <= 1.05, logs()
+
+        # --- the operator takes over: the monitor answers SLOW, the policy's nominal is replaced
+        taken = _cli("intervene", "take", "--reason", "test take-over", "--timeout", "20")
+        assert taken.returncode == 0 and "operator in control" in taken.stdout, (taken, logs())
+        t_take = time.time()
+        assert wait_for(lambda: who and who[-1].active and who[-1].reason.startswith("operator took over"), 5.0)
+        assert wait_for(lambda: since(t_take, lambda s: s.level == TrustLevel.SLOW
+                                      and "operator in control" in s.reason), 5.0), logs()
+        assert wait_for(lambda: arm.rest_after(t_take, 0.01) is not None, 10.0), "the arm did not come to rest"
+
+        # --- teleop cannot break a limit: an absurd jog is held to SLOW x MIXED speed
+        slow_cap = vmax * limits.level_speed_scale[TrustLevel.SLOW] * limits.phase_speed_scale[Phase.MIXED]
+        t_jog = time.time()
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            jog.publish(Float64MultiArray(data=[5.0, -5.0, 5.0, 0.0, 0.0, 0.0]))
+            time.sleep(0.02)
+        t_last = time.time()
+        jogged = [s for s in arm.states if t_jog <= s[5] <= t_last]
+        peak = max(np.max(np.abs(s[2]) / slow_cap) for s in jogged)
+        assert 0.5 < peak <= 1.05, peak  # it moved, and no faster than the limits in force
+        # --- the deadman: no teleop message -> the arm stops by itself (stamps of the arm's states)
+        assert wait_for(lambda: arm.rest_after(t_last, 0.01) is not None, 5.0)
+        stop_s = arm.rest_after(t_last, 0.01)
+        decel = np.min(np.asarray(limits.accel_max_radps2)[:3] * limits.level_accel_scale[TrustLevel.SLOW]
+                       * limits.phase_accel_scale[Phase.MIXED])
+        assert stop_s <= 0.2 + float(np.max(slow_cap[:3])) / decel + 0.5, stop_s
+        # --- a tool twist in the base frame moves the tool that way
+        from robot_wm import description
+        from robot_wm.core.kinematics import Kinematics
+
+        urdf = description.expand()
+        kin = Kinematics(urdf, description.joint_limits(urdf).names)
+        before = kin.tool_position_m(arm.latest()[1])
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            msg = TwistStamped()
+            msg.header.frame_id = "base_link"
+            msg.twist.linear.z = 0.03
+            twist.publish(msg)
+            time.sleep(0.02)
+        assert wait_for(lambda: arm.rest_after(time.time() - 0.05, 0.01) is not None, 5.0)
+        moved = kin.tool_position_m(arm.latest()[1]) - before
+        assert moved[2] > 0.01 and abs(moved[2]) > 2 * max(abs(moved[0]), abs(moved[1])), moved
+        released = _cli("intervene", "release", "--reason", "cleared", "--timeout", "20")
+        assert released.returncode == 0 and "handed back" in released.stdout, released
+        # --- a release is refused while the arm moves (driven without the CLI's start-up time)
+        from robot_wm.srv import Intervention as InterventionSrv
+
+        assert arm.call(InterventionSrv, "/robot_wm/intervention/take", InterventionSrv.Request(reason="again")).success
+        end = time.monotonic() + 0.8
+        while time.monotonic() < end:
+            jog.publish(Float64MultiArray(data=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3]))
+            time.sleep(0.02)
+        answer = arm.call(InterventionSrv, "/robot_wm/intervention/release", InterventionSrv.Request(reason="moving"))
+        assert not answer.success and "moving" in answer.message, answer.message
+        assert wait_for(lambda: arm.rest_after(time.time() - 0.05, 0.01) is not None, 5.0)
+        t_release = time.time()
+        answer = arm.call(InterventionSrv, "/robot_wm/intervention/release", InterventionSrv.Request(reason="at rest"))
+        assert answer.success, answer.message
+        assert wait_for(lambda: who and not who[-1].active, 5.0)
+        # --- the policy resumes from rest, no jump: every step within the filter's acceleration box
+        assert wait_for(lambda: any(np.max(np.abs(s[2])) > 0.05 for s in arm.states if s[5] >= t_release), 30.0), \
+            logs()
+        after = [s for s in arm.states if s[5] >= t_release][:400]
+        box = np.asarray(limits.accel_max_radps2) * limits.phase_accel_scale[Phase.MIXED]
+        # (over 20 ms windows: the command changes once per 10 ms period, the 500 Hz states see that as steps)
+        steps = []
+        for i, a in enumerate(after):
+            b = next((b for b in after[i + 1:] if b[5] - a[5] >= 0.02), None)
+            if b is not None:
+                steps.append(np.max(np.abs(b[2] - a[2]) / (box * (b[5] - a[5]))))
+        assert steps and max(steps) <= 1.5, max(steps)
+        # --- logged, with reasons and times; the monitor counted the take-overs
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [(r["reason"], r["release_reason"]) for r in records] == [("test take-over", "cleared"),
+                                                                          ("again", "at rest")], records
+        assert all(r["released_s"] > r["taken_s"] for r in records)
+        assert json.loads(phase_file.read_text())["evidence"]["interventions"] == 2
+        for name in ("trust_monitor", "policy", "safety_filter"):
+            assert "Traceback" not in procs[name].output(), procs[name].output()[-3000:]
+    finally:
+        arm.close()
