@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.safety.limits import Phase, TrustLevel
 from robot_wm.graph import plan, policy_overrides
 from robot_wm.rosenv import loopback_env
 from robot_wm.process_group import ProcessGroup
@@ -66,6 +67,12 @@ class DemoSummary:
     trust_recovered_after_s: float | None = None  # payload off -> FULL again
     trust_resets: int = 0  # operator resets of a trust latch (the monitor back at a moving level first)
     near_limit_fraction: dict[str, float] = field(default_factory=dict)  # per joint: share of samples within NEAR_LIMIT_RAD of a limit
+    intervention_taken: bool = False  # reach: the operator took over (teleop through the filter) ...
+    intervention_released_after_s: float | None = None  # ... and handed back, at rest, this long after
+    teleop_peak_speed_ratio: float | None = None  # peak |q̇| / the limits in force (SLOW x phase) while jogging
+    teleop_tool_rise_m: float | None = None  # the tool's rise under the +z jog (base frame)
+    phase: str = ""  # the deployment phase at the end
+    promotion_unmet: list[str] = field(default_factory=list)  # why the operator's promotion was refused
     paths_done: int = 0  # track: paths run to their end
     paths_succeeded: int = 0
     tracking_rms_m_median: float | None = None  # track: measured tool (FK of /joint_states)
@@ -222,13 +229,23 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
     # trust level that follows) cannot meet the 5 mm tolerance, and the track demo's few paths are
     # already spoiled by the push and the e-stop
     t_payload = 0.15 * duration_s if task == "reach" else None
+    # the intervention, reach only for the same reason: take over, jog the tool up, hand back at rest
+    t_take = 0.52 * duration_s if task == "reach" else None
     targets = "goals" if task == "reach" else "reference paths"
     print(f"robot_wm demo ({task}): the whole stack on the embedded MuJoCo arm (profile {profile}"
           f"{', composed' if composed else ''}) for {duration_s:.0f} s: {targets}, "
           + (f"a {PAYLOAD_KG:g} kg payload for {PAYLOAD_S:g} s at {t_payload:.0f} s, " if t_payload is not None else "")
           + f"a push at {t_push:.0f} s, "
-          f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
+          + (f"an operator's take-over at {t_take:.0f} s, " if t_take is not None else "")
+          + f"e-stop at {t_estop:.0f} s, reset at {t_reset:.0f} s")
     overrides: dict = {"profile": profile, **policy_overrides(task, "demo")}
+    # the demo's own deployment phase (fresh, SIM) and intervention log: never the user's state
+    state = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="robot_wm_demo_"))
+    state.mkdir(parents=True, exist_ok=True)
+    for name in (f"phase_{task}.json", f"interventions_{task}.jsonl"):
+        (state / name).unlink(missing_ok=True)
+    overrides.update(phase_file=str(state / f"phase_{task}.json"),
+                     intervention_log=str(state / f"interventions_{task}.jsonl"))
     group = ProcessGroup(plan("mujoco", overrides=overrides, composed=composed, task=task), env)
     context = Context()
     rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)
@@ -261,6 +278,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             time.sleep(0.1)
         t0 = time.monotonic()
         pushed = estopped = reset_done = loaded = False
+        hand = _Hand(node)
         trust_resets, last_trust_reset = 0, -1e9
         last_print = 0.0
         while not stop.is_set():
@@ -283,6 +301,8 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
                 if resp.success:
                     trust_resets += 1
                     mon.event(f"operator: reset after the trust monitor recovered ({resp.message})")
+            if t_take is not None and now >= t_take:
+                hand.step(now - t_take, mon)
             if not pushed and now >= t_push:
                 pushed = True
                 resp = _call(node, InjectFault, "/arm_sim/inject_fault",
@@ -310,6 +330,17 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             return 130
         summary = _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, task)
         summary.trust_resets = trust_resets
+        if mon.trust:  # the operator asks for the next phase: one demo is not the evidence it needs
+            from robot_wm.srv import PhaseChange
+
+            answer = _call(node, PhaseChange, "/robot_wm/phase/promote",
+                           PhaseChange.Request(reason="after the demo"))
+            summary.phase = Phase(answer.phase).name
+            summary.promotion_unmet = list(answer.unmet)
+            summary.events.append(f"{time.monotonic() - t0:6.2f} s  operator: promote "
+                                  f"({'granted' if answer.success else 'refused'}: {answer.message})")
+        if t_take is not None and mon.trust:
+            _summarize_intervention(summary, mon, kin, limits, t0)
         _print_summary(summary)
         if out_dir is not None:
             out_dir = Path(out_dir)
@@ -451,6 +482,79 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     return summary
 
 
+def _summarize_intervention(summary: DemoSummary, mon, kin, limits, t0: float) -> None:
+    """The take-over's numbers, and whether it went as it must: taken, the jog within the limits in
+    force (SLOW while an operator is in control, times the phase), handed back at rest."""
+    with mon.lock:
+        events = list(mon.events)
+        js = list(mon.js)
+    taken = next((t for t, e in events if e.startswith("operator: take over") and "accepted" in e), None)
+    released = next((t for t, e in events if e.startswith("operator: release") and "accepted" in e), None)
+    jog = next((t for t, e in events if e.startswith("operator: jog")), None)
+    jog_end = next((t for t, e in events if e.startswith("operator: jog ends")), None)
+    summary.intervention_taken = taken is not None
+    summary.intervention_released_after_s = None if taken is None or released is None else released - taken
+    if jog is not None and jog_end is not None:
+        window = [x for x in js if jog <= x[0] <= jog_end + 0.3]
+        phase = Phase[summary.phase] if summary.phase in Phase.__members__ else Phase.SIM
+        cap = np.asarray(limits.velocity_max_radps) * limits.scale_for(TrustLevel.SLOW, phase).speed
+        if window:
+            summary.teleop_peak_speed_ratio = float(max(np.max(np.abs(qd) / cap) for _, _, qd in window))
+            summary.teleop_tool_rise_m = float(kin.tool_position_m(window[-1][1])[2] - kin.tool_position_m(window[0][1])[2])
+    summary.passed = bool(summary.passed and summary.intervention_taken
+                          and summary.intervention_released_after_s is not None
+                          and summary.teleop_peak_speed_ratio is not None and summary.teleop_peak_speed_ratio <= 1.05
+                          and (summary.teleop_tool_rise_m or 0.0) > 0.005)
+
+
+class _Hand:
+    """The operator's take-over in the demo: take, jog the tool up 1.5 s (TwistStamped, base frame,
+    through the policy node's teleop slot and the filter), let the deadman stop it, hand back at rest."""
+
+    JOG_S, RISE_MPS = 1.5, 0.03
+
+    def __init__(self, node) -> None:
+        from geometry_msgs.msg import TwistStamped
+
+        self.node = node
+        self.pub = node.create_publisher(TwistStamped, "/robot_wm/teleop/twist", 10)
+        self.stage = "take"
+        self._last_try = -1e9
+
+    def step(self, t: float, mon) -> None:
+        from geometry_msgs.msg import TwistStamped
+
+        from robot_wm.srv import Intervention
+
+        if self.stage == "take":
+            resp = _call(self.node, Intervention, "/robot_wm/intervention/take",
+                         Intervention.Request(reason="demo: the operator moves the tool up by hand"))
+            mon.event(f"operator: take over ({'accepted' if resp.success else 'refused'}: {resp.message})")
+            self.stage = "wait" if resp.success else "done"
+            self._t = t
+        elif self.stage == "wait" and t - self._t >= 1.0:  # the policy's command is gone, the arm slows
+            mon.event(f"operator: jog the tool up {self.RISE_MPS * 1e3:.0f} mm/s for {self.JOG_S:g} s "
+                      "(teleop twist, base frame)")
+            self.stage, self._t = "jog", t
+        elif self.stage == "jog":
+            if t - self._t < self.JOG_S:
+                msg = TwistStamped()
+                msg.header.stamp = self.node.get_clock().now().to_msg()
+                msg.header.frame_id = "base_link"
+                msg.twist.linear.z = self.RISE_MPS
+                self.pub.publish(msg)
+            else:
+                mon.event("operator: jog ends (no more teleop messages: the deadman stops the arm)")
+                self.stage, self._t = "release", t
+        elif self.stage == "release" and t - self._last_try >= 0.5:
+            self._last_try = t
+            resp = _call(self.node, Intervention, "/robot_wm/intervention/release",
+                         Intervention.Request(reason="demo: tool clear, back to the policy"))
+            if resp.success or t - self._t > 10.0:
+                mon.event(f"operator: release ({'accepted' if resp.success else 'refused'}: {resp.message})")
+                self.stage = "done"
+
+
 def _print_summary(s: DemoSummary) -> None:
     print("---- summary (measured on the arm's /joint_states) ----")
     for line in s.events:
@@ -478,6 +582,15 @@ def _print_summary(s: DemoSummary) -> None:
         rec = "never" if s.trust_recovered_after_s is None else f"{s.trust_recovered_after_s:.1f} s"
         payload = f"payload seen after {det}, FULL again {rec} after it was removed; " if s.task == "reach" else ""
         print(f"trust: levels {s.trust_levels}; {payload}operator resets of a trust latch {s.trust_resets}")
+    if s.intervention_taken:
+        rel = "never" if s.intervention_released_after_s is None else f"{s.intervention_released_after_s:.1f} s"
+        ratio = "-" if s.teleop_peak_speed_ratio is None else f"{s.teleop_peak_speed_ratio:.2f}"
+        rise = "-" if s.teleop_tool_rise_m is None else f"{s.teleop_tool_rise_m * 1e3:.0f} mm"
+        print(f"intervention: taken, handed back at rest after {rel}; teleop peak joint speed {ratio} of the limits "
+              f"in force, tool rose {rise}")
+    if s.phase:
+        unmet = "; ".join(s.promotion_unmet[:3]) or "-"
+        print(f"deployment phase {s.phase}; promotion refused on: {unmet}")
     if s.prediction_error_qdot_radps_median is not None:
         print(f"world-model one-step velocity error (max over joints), median {s.prediction_error_qdot_radps_median:.4f} rad/s")
     print("PASS" if s.passed else "FAIL")
@@ -536,10 +649,17 @@ def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path, task: str 
     axes[3].set_xlabel("time (s)")
     if track:
         _track_panels(fig, axes, kin, js, reference, t0)
+    taken = next((te for te, text in events if text.startswith("operator: take over") and "accepted" in text), None)
+    given = next((te for te, text in events if text.startswith("operator: release") and "accepted" in text), None)
     for ax in axes:
         for te, text in events:
             if text.startswith("operator"):
                 ax.axvline(te - t0, color="k", lw=0.8, alpha=0.5)
+        if taken is not None:
+            ax.axvspan(taken - t0, (given if given is not None else events[-1][0]) - t0, color="tab:orange",
+                       alpha=0.15, label="operator in control" if ax is axes[1] else None)
+    if taken is not None:
+        axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -68,6 +68,11 @@ def test_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
     assert summary["max_limit_overshoot_rad"] < 0.05  # well inside the URDF's limits
     assert set(summary["near_limit_fraction"]) == set(JOINT_NAMES)  # every joint, by name
     assert all(0.0 <= v <= 1.0 for v in summary["near_limit_fraction"].values())
+    # the operator's take-over: jogged through the filter within the limits in force, handed back
+    assert summary["intervention_taken"] and summary["intervention_released_after_s"] is not None, summary["events"]
+    assert summary["teleop_peak_speed_ratio"] is not None and summary["teleop_peak_speed_ratio"] <= 1.05
+    # one short demo is not the evidence a promotion needs: refused, with what is missing
+    assert summary["phase"] == "SIM" and any("min in SIM" in u for u in summary["promotion_unmet"])
     track = json.loads((tmp_path / "track_summary.json").read_text())
     assert (tmp_path / "track_report.png").stat().st_size > 10_000
     assert track["task"] == "track" and track["paths_done"] >= 1 and track["tracking_rms_m_median"] is not None
