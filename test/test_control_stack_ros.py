@@ -180,10 +180,16 @@ def test_killing_the_filter_stops_the_arm_through_its_own_timeout(stack):
     filt.process.send_signal(signal.SIGKILL)  # no goodbye command: only the driver's timeout is left
     assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"arm still moving: {client.latest()[2]}"
     # 50 ms driver timeout + a controlled deceleration from 0.4 rad/s: ~0.1 s on an idle machine. The
-    # arm's stamps are its own wall clock when it publishes: a stall of the arm's process itself (a
-    # CI run with one core kept busy once measured 1.006 s) counts too. The bound says the driver's
-    # timeout stops the arm with no filter at all; without it the arm would keep the last command.
-    assert client.rest_after(t_kill) < 2.0, f"at rest {client.rest_after(t_kill):.3f} s after the filter died"
+    # arm's stamps are its own wall clock when it publishes, and while the arm's process is not
+    # scheduled its simulation does not run either (it skips ahead afterwards): such stalls (gaps in
+    # its own stamps; a loaded CI box once measured 1.0 s, once 2.9 s) are the machine's, not the
+    # timeout's, and are added to the bound. The bound says the driver's timeout stops the arm with
+    # no filter at all; without it the arm would keep the last command.
+    rest = client.rest_after(t_kill)
+    with client.lock:
+        stamps = [st[5] for st in client.states if t_kill - 0.1 <= st[5] <= t_kill + rest]
+    stall = sum(max(0.0, b - a - 0.02) for a, b in zip(stamps, stamps[1:]))
+    assert rest < 1.0 + stall, f"at rest {rest:.3f} s after the filter died (the arm's own stalls {stall:.3f} s)"
 
 
 @pytest.mark.parametrize("bad", [[0.1] * 5, [0.1, float("nan"), 0, 0, 0, 0]], ids=["wrong_length", "nan"])
