@@ -131,6 +131,17 @@ def run(rate_hz: float = 30.0, hold_s: float = 0.6, speed_radps: float = 0.2, li
     twist_pub = node.create_publisher(TwistStamped, "/robot_wm/teleop/twist", 10)
     source = _script(keys) if keys is not None else _Terminal()
     print(__doc__.split("Keys")[1].split("The command")[0].rstrip(), flush=True)
+    # the stack first: its status, and the policy node listening to the jog topics
+    deadline = time.monotonic() + timeout_s
+    while not ("safety" in latest and joint_pub.get_subscription_count() > 0 and twist_pub.get_subscription_count() > 0):
+        executor.spin_once(timeout_sec=0.05)
+        if time.monotonic() > deadline:
+            print("no safety filter status or no policy node listening on /robot_wm/teleop/*: is the stack up? "
+                  "(`robot-wm up`)", file=sys.stderr)
+            executor.shutdown(timeout_sec=1.0)
+            node.destroy_node()
+            rclpy.shutdown(context=context)
+            return 2
     try:
         with source:
             t0 = time.monotonic()

@@ -2,7 +2,7 @@
 operator's CLI: a promotion refused with its unmet criteria and then granted on evidence, the
 MIXED phase's reduced limits on the measured arm, a take-over, teleoperation that cannot break
 the filter's limits, the deadman, a release refused while moving and granted at rest, the policy
-resuming without a jump, and the intervention in the log and on /robot_wm/intervention/state.
+resuming without a jump, `robot-wm teleop` (scripted keys), and the intervention in the log and on /robot_wm/intervention/state.
 
 Time is judged by the joint states' own stamps; waits are on conditions."""
 from __future__ import annotations
@@ -141,6 +141,13 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
         assert wait_for(lambda: arm.rest_after(time.time() - 0.05, 0.01) is not None, 5.0)
         moved = kin.tool_position_m(arm.latest()[1]) - before
         assert moved[2] > 0.01 and abs(moved[2]) > 2 * max(abs(moved[0]), abs(moved[1])), moved
+        # --- the operator's keyboard teleop (scripted keys, the same loop): q jogs shoulder_pan +
+        pan = arm.latest()[1][0]
+        keys = _cli("teleop", "--script", "0:q,0.2:q,0.2:q,0.2:q,0.2:q", "--timeout", "20")
+        assert keys.returncode == 0 and "command: OPERATOR" in keys.stdout, keys
+        assert "filter OK" in keys.stdout or "filter FILTERING" in keys.stdout, keys.stdout
+        assert wait_for(lambda: arm.rest_after(time.time() - 0.05, 0.01) is not None, 5.0)
+        assert arm.latest()[1][0] - pan > 0.05, (arm.latest()[1][0], pan)
         released = _cli("intervene", "release", "--reason", "cleared", "--timeout", "20")
         assert released.returncode == 0 and "handed back" in released.stdout, released
         # --- a release is refused while the arm moves (driven without the CLI's start-up time)

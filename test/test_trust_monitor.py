@@ -276,3 +276,59 @@ def test_without_a_calibration_the_monitor_says_stop_naming_the_file(spawn, ros_
         assert "robot-wm trust calibrate" in proc.output()
     finally:
         close()
+
+
+@pytest.mark.ros
+def test_an_unreadable_phase_file_is_a_stop_naming_the_file_never_a_reset(spawn, ros_context, tmp_path):
+    from robot_wm import graph
+    from robot_wm.process_group import command_for
+
+    bad = tmp_path / "phase.json"
+    bad.write_text('{"format": "robot_wm.trust.phase/1", "phase": "ORBIT"}')
+    spec = next(s for s in graph.plan("mujoco", overrides={"phase_file": str(bad)}) if s.name == "trust_monitor")
+    proc = spawn(command_for(spec))
+    node, executor, states, close = _trust_client(ros_context)
+    try:
+        assert wait_for(lambda: states and str(bad) in states[-1].reason, 60.0), proc.output()
+        assert states[-1].level == TrustLevel.STOP and "phase 'ORBIT'" in states[-1].reason
+        assert "fix or remove it" in states[-1].reason
+        from robot_wm.srv import PhaseChange
+
+        answer = _call(node, executor, PhaseChange, "/robot_wm/phase/promote", PhaseChange.Request(reason="x"))
+        assert not answer.success and str(bad) in answer.message
+        assert bad.read_text() == '{"format": "robot_wm.trust.phase/1", "phase": "ORBIT"}'  # left for the operator
+    finally:
+        close()
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_on_a_real_arm_a_policy_still_in_sim_is_held(spawn, ros_context, tmp_path):
+    """The graph as on hardware (simulated_arm false) with no phase file yet: the phase is SIM, the
+    monitor publishes STOP saying the policy has not been promoted, and the arm never moves."""
+    import dataclasses
+
+    from robot_wm import graph
+    from robot_wm.process_group import command_for
+    from rosclient import ArmClient
+
+    specs = [s for s in graph.plan("mujoco", overrides={"phase_file": str(tmp_path / "phase.json")}, enable=True)
+             if not s.needs_ros_install]
+    specs = [dataclasses.replace(s, parameters={**s.parameters, "simulated_arm": False})
+             if s.name == "trust_monitor" else s for s in specs]
+    procs = {s.name: spawn(command_for(s)) for s in specs}
+    arm = ArmClient(ros_context, name="test_real_arm_client")
+    node, executor, states, close = _trust_client(ros_context)
+    try:
+        assert wait_for(lambda: states and "phase SIM on a real arm" in states[-1].reason, 90.0), \
+            procs["trust_monitor"].output()[-3000:]
+        assert states[-1].level == TrustLevel.STOP and states[-1].phase == 0
+        import time
+
+        time.sleep(3.0)  # predictions flow, the evidence is clean: still held
+        assert all(s.level == TrustLevel.STOP for s in states[-50:])
+        assert max(float(np.abs(s[2]).max()) for s in arm.states) < 0.01  # the arm never moved
+        assert json.loads((tmp_path / "phase.json").read_text())["phase"] == "SIM"
+    finally:
+        close()
+        arm.close()

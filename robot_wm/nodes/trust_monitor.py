@@ -109,6 +109,7 @@ class TrustMonitorNode(ControlNode):
         self._phase_saved_t = time.monotonic()
         self._operate_t: float | None = None
         self._request_pub = None
+        self._phase_problem = None  # the phase file could not be read or written: STOP with this reason
         self.tracker = None
         self.calibration = None
         self._recording: dict | None = None  # calibrate_s > 0: what normal operation looked like
@@ -175,19 +176,23 @@ class TrustMonitorNode(ControlNode):
         from robot_wm.paths import state_dir
 
         phase_path = self.phase_file or str(state_dir() / "phase" / f"{self.task}.json")
-        try:
-            self.phases = PhaseMachine(phase_config_from_params(self.params), PhaseStore(phase_path))
-        except ValueError as exc:  # a bad criterion in config, or an unreadable phase file (PhaseFileError)
-            kind = "phase file" if isinstance(exc, PhaseFileError) else "phase criteria"
-            self.get_logger().error(f"configure failed: {kind}: {exc}")
-            return TransitionCallbackReturn.FAILURE
-        except OSError as exc:
-            self.get_logger().error(f"configure failed: cannot write the phase file {phase_path}: {exc}")
-            return TransitionCallbackReturn.FAILURE
         self._phase_path = phase_path
-        self.get_logger().info(f"deployment phase {self.phases.phase.name} (since "
-                               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(self.phases.state.since_unix))}, "
-                               f"{phase_path})")
+        try:
+            phase_config = phase_config_from_params(self.params)
+        except ValueError as exc:
+            self.get_logger().error(f"configure failed: phase criteria: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        try:
+            self.phases = PhaseMachine(phase_config, PhaseStore(phase_path))
+        except (PhaseFileError, OSError) as exc:
+            # never a silent reset to SIM (or a guess): STOP with the reason until an operator fixes the file
+            why = str(exc) if isinstance(exc, PhaseFileError) else f"phase file {phase_path}: cannot write it: {exc}"
+            self._phase_problem = f"{why}: fix or remove it (a removed file starts again in SIM)"
+            self.get_logger().error(f"{self._phase_problem}; publishing STOP")
+        if self.phases is not None:
+            self.get_logger().info(f"deployment phase {self.phases.phase.name} (since "
+                                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(self.phases.state.since_unix))}"
+                                   f", {phase_path})")
         if self.calibrate_s > 0:
             from robot_wm.learning.trust_eval import _recording_calibration
 
@@ -319,7 +324,8 @@ class TrustMonitorNode(ControlNode):
         verb = "promote" if promote else "demote"
         try:
             if self.phases is None:
-                response.success, response.message, response.unmet = False, self.problem or "not configured", []
+                response.success, response.message, response.unmet = (
+                    False, self._phase_problem or self.problem or "not configured", [])
             elif promote:
                 ok, message, unmet = self.phases.promote(request.reason, calibrated=self._calibrated())
                 response.success, response.message, response.unmet = ok, message, list(unmet)
@@ -363,7 +369,11 @@ class TrustMonitorNode(ControlNode):
         monitor.human_on_anomaly = ph.phase == 1  # MIXED: the operator standing by decides
         if now - self._phase_saved_t >= 5.0:
             self._phase_saved_t = now
-            ph.save()
+            try:
+                ph.save()
+            except OSError as exc:  # the phase can no longer be kept: hold the arm and say why
+                self._phase_problem = f"phase file {self._phase_path}: cannot write it: {exc}"
+                self.get_logger().error(f"{self._phase_problem}; publishing STOP")
 
     def _request(self, severity: int, reason: str) -> None:
         msg = InterventionRequest(severity=int(severity), phase=self.phase, reason=reason[:500])
@@ -393,8 +403,8 @@ class TrustMonitorNode(ControlNode):
     def _step(self) -> None:
         now = time.monotonic()
         fresh = [s for s in self._js if now - s[4] <= self.stale_s]
-        if self.problem or self.tracker is None:
-            self._publish(3, 0.0, math.nan, math.nan, self.problem or "not configured")
+        if self.problem or self.tracker is None or self._phase_problem:
+            self._publish(3, 0.0, math.nan, math.nan, self._phase_problem or self.problem or "not configured")
             return
         if not fresh:
             # a gap in the joint states (a loaded machine stalls 50 ms and more now and then) is judged
