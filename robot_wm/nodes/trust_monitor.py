@@ -110,6 +110,7 @@ class TrustMonitorNode(ControlNode):
         self._operate_t: float | None = None
         self._request_pub = None
         self._phase_problem = None  # the phase file could not be read or written: STOP with this reason
+        self._compute_us: collections.deque = collections.deque(maxlen=2000)  # TrustTracker.measurement, µs
         self.tracker = None
         self.calibration = None
         self._recording: dict | None = None  # calibrate_s > 0: what normal operation looked like
@@ -431,7 +432,9 @@ class TrustMonitorNode(ControlNode):
         intervened = None
         if self._status is not None and now - self._status[0] <= _STATUS_FRESH_S:
             intervened = self._status[1] == _FILTERING
+        started = time.perf_counter()
         self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
+        self._compute_us.append((time.perf_counter() - started) * 1e6)  # the monitor's own work per period
         if self._recording is not None:
             self._record(sample[0], effort)
             return
@@ -546,6 +549,10 @@ class TrustMonitorNode(ControlNode):
                       "model_version": self._model_version or "none"}
             for k, v in (ratios or {}).items():
                 values[f"ratio_{k}"] = f"{v:.3f}"
+            if self._compute_us:
+                us = np.asarray(self._compute_us)
+                values["compute_us_p50"] = f"{np.percentile(us, 50):.0f}"
+                values["compute_us_p99"] = f"{np.percentile(us, 99):.0f}"
             if self.phases is not None:
                 ev = self.phases.state.evidence
                 values.update({"phase_minutes": f"{ev.operating_s / 60.0:.2f}", "phase_episodes": str(ev.episodes),

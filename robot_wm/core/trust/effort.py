@@ -135,6 +135,11 @@ class EffortSignal:
             raise EffortModelError(f"effort_clip_z={clip_z!r}: expected a positive number")
         self.model, self.tau_s, self.clip_z = model, float(tau_s), float(clip_z)
         self._mean = np.zeros(model.coefficients.shape[0])
+        # the regression's columns, contiguous, and 1 / std: ``update_state`` needs no feature matrix
+        c = np.asarray(model.coefficients, dtype=float)
+        self._cols = [np.ascontiguousarray(c[:, k]) for k in range(c.shape[1])]
+        self._inv_std = 1.0 / np.asarray(model.residual_std_nm, dtype=float)
+        self._alpha_cache: tuple[float, float] = (-1.0, 0.0)
 
     def update(self, feats: np.ndarray, effort_nm: np.ndarray, dt_s: float) -> float:
         """Add one period's efforts (``dt_s`` since the previous); return the smoothed RMS."""
@@ -142,6 +147,22 @@ class EffortSignal:
         z = np.clip(self.model.z(feats, effort_nm), -self.clip_z, self.clip_z)
         self._mean += alpha * (z - self._mean)
         return math.sqrt(float(np.mean(self._mean * self._mean)))
+
+    def update_state(self, gravity_nm: np.ndarray, qdot_radps: np.ndarray, qddot_radps2: np.ndarray,
+                     effort_nm: np.ndarray, dt_s: float) -> float:
+        """``update(features(g, q̇, q̈), effort, dt)`` without building the feature matrix (the
+        monitor's per-period path: the same numbers, a third of the time)."""
+        dt = max(float(dt_s), 0.0)
+        if dt != self._alpha_cache[0]:
+            self._alpha_cache = (dt, 1.0 - math.exp(-dt / self.tau_s))
+        alpha = self._alpha_cache[1]
+        cg, ca, cv, cc, cb = self._cols
+        pred = cg * gravity_nm + ca * qddot_radps2 + cv * qdot_radps + cc * np.tanh(qdot_radps / COULOMB_VELOCITY_RADPS) + cb
+        z = (effort_nm - pred) * self._inv_std
+        np.clip(z, -self.clip_z, self.clip_z, out=z)
+        m = self._mean
+        m += alpha * (z - m)
+        return math.sqrt(float(m @ m) / m.size)
 
     def reset(self) -> None:
         self._mean[:] = 0.0

@@ -121,7 +121,7 @@ class TrustMonitor:
 
     def __init__(self, config: TrustConfig, calibration: Calibration) -> None:
         self.config = config
-        self.calibration = calibration
+        self.set_calibration(calibration)
         self._ewma = {sig: Ewma(tau, initial=0.0) for sig, tau in zip(SIGNALS, config.tau_s)}
         self._over_since: dict[Signal, float | None] = {sig: None for sig in SIGNALS}
         self._last_t: float | None = None
@@ -163,6 +163,9 @@ class TrustMonitor:
     def set_calibration(self, calibration: Calibration) -> None:
         """New thresholds (after a model swap or a recalibration); the smoothing state is kept."""
         self.calibration = calibration
+        # per-period lookups without the enum round trips (the monitor runs every 10 ms)
+        self._th = {sig: calibration.threshold(sig) for sig in SIGNALS}
+        self._judged = tuple(sig for sig in SIGNALS if calibration.judges(sig))
 
     # ------------------------------------------------------------------ the period
     def step(self, t_s: float, *, prediction_error: float | None, disagreement: float | None,
@@ -180,8 +183,8 @@ class TrustMonitor:
         if prediction_error is not None:
             self._last_prediction_t = t_s
         for sig, x in values.items():
-            if x is not None and math.isfinite(x) and self.calibration.judges(sig):
-                self._ewma[sig].update(min(x, cfg.clip_ratio * self.calibration.threshold(sig)), dt)
+            if x is not None and math.isfinite(x) and sig in self._judged:
+                self._ewma[sig].update(min(x, cfg.clip_ratio * self._th[sig]), dt)
             over = self._ratio(sig) > 1.0
             if not over:
                 self._over_since[sig] = None
@@ -192,16 +195,16 @@ class TrustMonitor:
             self.anomalies += 1
         self._was_anomaly = anomaly
         self._move(t_s, evidence, anomaly)
-        ratios = {sig.value: self._ratio(sig) for sig in SIGNALS if self.calibration.judges(sig)}
+        ratios = {sig.value: self._ratio(sig) for sig in self._judged}
         worst = max(ratios.values())
         e = self._ewma[Signal.PREDICTION_ERROR].value
         return TrustOutput(self.level, evidence, 1.0 / (1.0 + worst * worst), math.nan if e is None else e,
-                           self.calibration.threshold(Signal.PREDICTION_ERROR), ratios, self._reason(t_s))
+                           self._th[Signal.PREDICTION_ERROR], ratios, self._reason(t_s))
 
     # ------------------------------------------------------------------ pieces
     def _ratio(self, sig: Signal) -> float:
         v = self._ewma[sig].value
-        return 0.0 if v is None else v / self.calibration.threshold(sig)
+        return 0.0 if v is None else v / self._th[sig]
 
     def _persistent(self, t_s: float) -> list[Signal]:
         return [sig for sig, since in self._over_since.items()
@@ -269,9 +272,9 @@ class TrustMonitor:
         parts = []
         for sig in SIGNALS:
             v = self._ewma[sig].value
-            if v is None or not self.calibration.judges(sig):
+            if v is None or sig not in self._judged:
                 continue
-            th = self.calibration.threshold(sig)
+            th = self._th[sig]
             since = self._over_since[sig]
             parts.append(f"{sig.value} {v:.3g} > {th:.3g} for {t_s - since:.2g} s" if since is not None
                          else f"{sig.value} {v:.3g} <= {th:.3g}")

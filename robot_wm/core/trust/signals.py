@@ -47,15 +47,16 @@ BASE_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTIO
 def prediction_error(predicted: np.ndarray, epistemic_std: np.ndarray, aleatoric_std: np.ndarray,
                      measured: np.ndarray) -> float:
     """RMS z-score of ``measured`` under the predicted Gaussian (all arrays the same shape)."""
-    std = np.sqrt(np.square(epistemic_std) + np.square(aleatoric_std))
-    z = (np.asarray(measured, dtype=float) - predicted) / np.maximum(std, MIN_STD)
-    return math.sqrt(float(np.mean(z * z)))
+    var = epistemic_std * epistemic_std + aleatoric_std * aleatoric_std
+    np.maximum(var, MIN_STD * MIN_STD, out=var)  # std floored at MIN_STD
+    d = np.asarray(measured, dtype=float) - predicted
+    return math.sqrt(float(d @ (d / var)) / d.size)
 
 
 def disagreement(epistemic_std: np.ndarray, aleatoric_std: np.ndarray) -> float:
     """RMS of epistemic / aleatoric std (dimensionless)."""
     ratio = np.asarray(epistemic_std, dtype=float) / np.maximum(aleatoric_std, MIN_STD)
-    return math.sqrt(float(np.mean(ratio * ratio)))
+    return math.sqrt(float(ratio @ ratio) / ratio.size)
 
 
 class Ewma:

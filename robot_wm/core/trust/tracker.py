@@ -53,7 +53,12 @@ class TrustTracker:
         self._pending: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
         self._prev: tuple[float, np.ndarray] | None = None  # (stamp, qdot) of the previous measurement
         self.raw: dict[str, float | None] = {}
-        self.last_features: np.ndarray | None = None  # (N, F) of the last measurement with efforts
+        self._last_state: tuple | None = None  # (gravity, q̇, q̈) of the last measurement with efforts
+
+    @property
+    def last_features(self) -> np.ndarray | None:
+        """(N, F) effort regressors of the last measurement with efforts (None: none), for calibration."""
+        return None if self._last_state is None else features(*self._last_state)
 
     def prediction(self, made_at_s: float, next_state: np.ndarray, epistemic_std: np.ndarray,
                    aleatoric_std: np.ndarray) -> None:
@@ -89,9 +94,10 @@ class TrustTracker:
         the momentum balance of the whole interval, which does not depend on where in a command
         period the joint states happen to be sampled."""
         q, qd = np.asarray(q_rad, dtype=float), np.asarray(qdot_radps, dtype=float)
+        finite = math.isfinite(float(q.sum()) + float(qd.sum()))  # one check (an overflow counts as not finite)
         pred = self._prediction_for(t_s)
         pe = dis = eff = None
-        if pred is not None and np.all(np.isfinite(q)) and np.all(np.isfinite(qd)):
+        if pred is not None and finite:
             _, mean, epi, ale = pred
             measured = np.concatenate([q, qd])
             if measured.shape == mean.shape:
@@ -100,16 +106,16 @@ class TrustTracker:
                 dis = disagreement(epi[n:], ale[n:])
         if intervened is not None and self.monitor.level != TrustLevel.FULL:
             intervened = False
-        self.last_features = None
+        self._last_state = None
         if effort_nm is not None and len(effort_nm) == len(qd) and self._prev is not None:
             t_prev, qd_prev = self._prev
             step = t_s - t_prev
             tau = np.asarray(effort_nm, dtype=float)
-            if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and np.all(np.isfinite(tau)) and np.all(np.isfinite(q)):
-                self.last_features = features(self.kin.gravity_torque_nm(q), qd, (qd - qd_prev) / step)
+            if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and finite and math.isfinite(float(tau.sum())):
+                self._last_state = (self.kin.gravity_torque_nm(q), qd, (qd - qd_prev) / step)
                 if self.effort is not None:
-                    eff = self.effort.update(self.last_features, tau, step)
-        if np.all(np.isfinite(qd)):
+                    eff = self.effort.update_state(*self._last_state, tau, step)
+        if finite:
             self._prev = (float(t_s), qd.copy())
         self.raw = {Signal.PREDICTION_ERROR.value: pe, Signal.DISAGREEMENT.value: dis,
                     Signal.INTERVENTION.value: None if intervened is None else float(bool(intervened)),
