@@ -140,12 +140,17 @@ def intervene(take: bool, reason: str, timeout_s: float = 5.0) -> int:
     return _with_node(run, timeout_s + 8.0)
 
 
-def _watch(msg_type, topic: str, describe, missing: str, seconds: float, timeout_s: float) -> int:
-    """Print ``describe(latest message)`` once, or every 0.5 s for ``seconds``; 2 if none arrives."""
+def _watch(msg_type, topic: str, describe, missing: str, seconds: float, timeout_s: float, also=(),
+           settle_s: float = 0.0) -> int:
+    """Print ``describe(latest message)`` once, or every 0.5 s for ``seconds``; 2 if none arrives.
+    ``also``: more (type, topic, callback) subscriptions that ``describe`` may read from, given
+    ``settle_s`` after the first message to arrive before the first line."""
 
     def run(node, executor, deadline):
         latest: list = []
         node.create_subscription(msg_type, topic, latest.append, 10)
+        for extra_type, extra_topic, callback in also:
+            node.create_subscription(extra_type, extra_topic, callback, 10)
         end = None
         last_print = 0.0
         while True:
@@ -156,7 +161,11 @@ def _watch(msg_type, topic: str, describe, missing: str, seconds: float, timeout
                     print(missing, file=sys.stderr)
                     return 2
                 continue
-            end = end or now + seconds
+            if end is None:
+                first = now
+            end = end or now + seconds + settle_s
+            if now - first < settle_s:
+                continue
             if now - last_print >= 0.5:
                 print(describe(latest[-1]), flush=True)
                 last_print = now
@@ -184,15 +193,34 @@ def show_status(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
 
 
 def show_trust(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
-    """Print the trust monitor's TrustState (once, or every 0.5 s for ``seconds``); 2 if none arrives."""
+    """Print the trust monitor's TrustState (once, or every 0.5 s for ``seconds``), with the phase's
+    evidence from its /diagnostics when one has arrived; 2 if no TrustState arrives."""
+    from diagnostic_msgs.msg import DiagnosticArray
+
     from robot_wm.core.safety.limits import Phase, TrustLevel
     from robot_wm.msg import TrustState
+
+    diag: dict = {}
+
+    def on_diag(msg) -> None:
+        for st in msg.status:
+            if st.name == "robot_wm/trust_monitor":
+                diag.clear()
+                diag.update({kv.key: kv.value for kv in st.values})
 
     def describe(s) -> str:
         level = TrustLevel(s.level).name if s.level in iter(TrustLevel) else str(s.level)
         phase = Phase(s.phase).name if s.phase in iter(Phase) else str(s.phase)
-        return (f"trust: {level:<8} phase {phase:<5} score {s.score:.2f}  error {s.normalized_error:.3g} "
+        line = (f"trust: {level:<8} phase {phase:<5} score {s.score:.2f}  error {s.normalized_error:.3g} "
                 f"(threshold {s.threshold:.3g})  reason: {s.reason}")
+        if "phase_minutes" in diag:
+            rate = float(diag.get("phase_success_rate", "nan"))
+            line += (f"\n  phase evidence: {float(diag['phase_minutes']):.1f} min operated, "
+                     f"{diag.get('phase_episodes', '?')} episodes ({rate:.0%} success), mean score "
+                     f"{float(diag.get('phase_mean_score', 'nan')):.2f}, {diag.get('phase_anomalies', '?')} anomalies "
+                     f"({diag.get('phase_file', '')}); `robot-wm trust promote` says what is still missing")
+        return line
 
     return _watch(TrustState, "/robot_wm/trust", describe,
-                  "no /robot_wm/trust: is the stack up with its trust monitor? (`robot-wm up`)", seconds, timeout_s)
+                  "no /robot_wm/trust: is the stack up with its trust monitor? (`robot-wm up`)", seconds, timeout_s,
+                  also=[(DiagnosticArray, "/diagnostics", on_diag)], settle_s=1.2)

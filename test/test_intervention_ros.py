@@ -187,3 +187,70 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
             assert "Traceback" not in procs[name].output(), procs[name].output()[-3000:]
     finally:
         arm.close()
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_an_anomaly_demotes_real_to_mixed_and_in_mixed_calls_a_human(spawn, ros_context, tmp_path):
+    """A deployment in REAL (a phase file as a promotion leaves it); a fault that two signals see
+    (a 10 kg payload and heavy sensor noise at once, from the injector): automatic demotion to MIXED with a request on
+    /robot_wm/intervention/requests; the fault again in MIXED: HUMAN, a critical request, the arm
+    held; the history says who did what."""
+    from robot_wm import graph
+    from robot_wm.core.safety.limits import Phase, TrustLevel
+    from robot_wm.core.trust.phase import PhaseState, PhaseStore
+    from robot_wm.msg import InterventionRequest, TrustState
+    from robot_wm.process_group import command_for
+    from robot_wm.srv import InjectFault
+
+    phase_file = tmp_path / "phase.json"
+    PhaseStore(phase_file).save(PhaseState(phase=Phase.REAL))
+    overrides = {"profile": "nominal", "phase_file": str(phase_file), "intervention_log": str(tmp_path / "i.jsonl")}
+    specs = [s for s in graph.plan("mujoco", overrides=overrides, enable=True) if not s.needs_ros_install]
+    procs = {s.name: spawn(command_for(s)) for s in specs}
+    arm = ArmClient(ros_context, start=False)
+    trust: list = []
+    requests: list = []
+    arm.node.create_subscription(TrustState, "/robot_wm/trust", trust.append, 50)
+    arm.node.create_subscription(InterventionRequest, "/robot_wm/intervention/requests", requests.append, 10)
+    arm.start()
+
+    def logs():
+        return "\n".join(f"--- {n}\n{p.output()[-2500:]}" for n, p in procs.items())
+
+    def noise():  # two faults at once, each seen by its own signal: effort (payload), prediction error (noise)
+        loaded = arm.call(InjectFault, "/arm_sim/inject_fault",
+                          InjectFault.Request(kind="payload", payload_kg=10.0, duration_s=1.5))
+        noisy = arm.call(InjectFault, "/arm_sim/inject_fault",
+                         InjectFault.Request(kind="sensor_noise", noise_std=0.05, duration_s=1.5))
+        return type("Both", (), {"success": loaded.success and noisy.success})
+
+    try:
+        assert wait_for(lambda: trust and trust[-1].level == TrustLevel.FULL and trust[-1].phase == Phase.REAL,
+                        120.0), logs()
+        time.sleep(2.0)
+        assert noise().success
+        assert wait_for(lambda: trust[-1].phase == Phase.MIXED, 10.0), logs()
+        assert wait_for(lambda: any("automatic demotion REAL -> MIXED" in r.reason for r in requests), 5.0)
+        history = json.loads(phase_file.read_text())["history"]
+        assert history[-1]["from"] == "REAL" and history[-1]["to"] == "MIXED" and history[-1]["by"] == "monitor"
+        # one anomaly, one step: the event that demoted does not also call a human
+        assert not any(s.level == TrustLevel.HUMAN for s in list(trust)), [s.reason for s in trust[-3:]]
+        # the level recovers (the filter's trust latch is the operator's to reset; here: the monitor's level)
+        assert wait_for(lambda: trust[-1].level <= TrustLevel.SLOW, 30.0), logs()
+        from std_srvs.srv import Trigger
+
+        assert wait_for(lambda: arm.call(Trigger, "/robot_wm/reset_estop", Trigger.Request()).success
+                        or trust[-1].level == TrustLevel.FULL, 30.0)
+        assert wait_for(lambda: trust[-1].level == TrustLevel.FULL, 30.0), logs()
+        t_second = time.time()
+        assert noise().success
+        assert wait_for(lambda: trust[-1].level == TrustLevel.HUMAN, 10.0), logs()
+        assert trust[-1].phase == Phase.MIXED  # the phase is kept: the operator decides
+        assert wait_for(lambda: any(r.severity == InterventionRequest.SEVERITY_CRITICAL
+                                    and _stamp(r) >= t_second for r in requests), 5.0), [r.reason for r in requests]
+        time.sleep(2.0)  # the noise is gone: HUMAN holds until an operator
+        assert trust[-1].level == TrustLevel.HUMAN
+        assert wait_for(lambda: arm.rest_after(time.time() - 0.1, 0.01) is not None, 5.0)
+    finally:
+        arm.close()

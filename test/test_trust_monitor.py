@@ -239,6 +239,7 @@ def test_the_trust_monitor_in_the_graph_judges_a_payload_and_recovers(spawn, ros
         shown = subprocess.run([sys.executable, "-m", "robot_wm.cli", "trust", "status", "--timeout", "20"],
                                capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "trust: " in shown.stdout and "phase SIM" in shown.stdout, shown
+        assert "phase evidence: " in shown.stdout and "min operated" in shown.stdout, shown.stdout
         ack = subprocess.run([sys.executable, "-m", "robot_wm.cli", "trust", "acknowledge", "--timeout", "20"],
                              capture_output=True, text=True, timeout=60)
         assert ack.returncode == 1 and "REFUSED" in ack.stdout and "not HUMAN" in ack.stdout, ack

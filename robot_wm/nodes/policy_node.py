@@ -276,39 +276,40 @@ class PolicyNode(ControlNode):
         return self.get_clock().now().nanoseconds * 1e-9
 
     def _on_take(self, request, response):
-        try:
+        def take():
             if self.teleop is None:
-                response.success, response.message = False, "policy node not configured: nothing to take over from"
-                return response
+                return False, "policy node not configured: nothing to take over from"
             self.teleop.clear()
-            response.success, response.message = self.intervention.take(request.reason, self._now_s())
-            if response.success:
+            ok, message = self.intervention.take(request.reason, self._now_s())
+            if ok:
                 self._state_changed(f"operator took over: {self.intervention.current.reason}")
-        except Exception as exc:  # noqa: BLE001 - a service must answer; the filter keeps guarding
-            response.success, response.message = False, f"take failed inside the policy node: {exc!r}"
-        try:
-            self.get_logger().warning(f"intervention take: {'accepted' if response.success else 'refused'}: "
-                                      f"{response.message}")
-        except Exception:  # noqa: BLE001 - logging must not end the node
-            pass
-        return response
+            return ok, message
+
+        return self._answer("take", take, response)
 
     def _on_release(self, request, response):
-        try:
+        def release():
             state = self.fresh_state()
             rec = self.intervention.current
-            response.success, response.message = self.intervention.release(
-                request.reason, self._now_s(), None if state is None else state[1])
-            if response.success:
+            ok, message = self.intervention.release(request.reason, self._now_s(), None if state is None else state[1])
+            if ok:
                 if self.slew is not None:
                     self.slew.reset()  # the policy's first command is limited around the measured (rest) velocity
                 self.teleop.clear()
                 self._log_intervention(rec)
                 self._state_changed(f"handed back to the policy: {rec.release_reason}")
-        except Exception as exc:  # noqa: BLE001
-            response.success, response.message = False, f"release failed inside the policy node: {exc!r}"
+            return ok, message
+
+        return self._answer("release", release, response)
+
+    def _answer(self, verb: str, body, response):
+        """Run a service's body; it always answers (an exception is a refusal naming it) and logs."""
         try:
-            self.get_logger().warning(f"intervention release: {'accepted' if response.success else 'refused'}: "
+            response.success, response.message = body()
+        except Exception as exc:  # noqa: BLE001 - a service must answer; the filter keeps guarding
+            response.success, response.message = False, f"{verb} failed inside the policy node: {exc!r}"
+        try:
+            self.get_logger().warning(f"intervention {verb}: {'accepted' if response.success else 'refused'}: "
                                       f"{response.message}")
         except Exception:  # noqa: BLE001 - logging must not end the node
             pass

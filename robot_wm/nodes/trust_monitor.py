@@ -106,6 +106,7 @@ class TrustMonitorNode(ControlNode):
         self._intervention = False
         self._episodes = self._episodes_ignored = 0
         self._anomalies_seen = 0
+        self._demoted_at_anomaly = -1  # the anomaly (monitor.anomalies) that demoted REAL -> MIXED
         self._phase_saved_t = time.monotonic()
         self._operate_t: float | None = None
         self._request_pub = None
@@ -363,11 +364,11 @@ class TrustMonitorNode(ControlNode):
             before = ph.phase
             action = ph.anomaly(out.reason)
             if action == "demoted":
+                self._demoted_at_anomaly = monitor.anomalies
                 self.get_logger().error(f"phase {before.name} -> {ph.phase.name}: automatic demotion on an anomaly: "
                                         f"{out.reason}")
                 self._request(InterventionRequest.SEVERITY_WARNING,
                               f"automatic demotion {before.name} -> {ph.phase.name} on an anomaly: {out.reason}")
-        monitor.human_on_anomaly = ph.phase == 1  # MIXED: the operator standing by decides
         if now - self._phase_saved_t >= 5.0:
             self._phase_saved_t = now
             try:
@@ -432,6 +433,11 @@ class TrustMonitorNode(ControlNode):
         intervened = None
         if self._status is not None and now - self._status[0] <= _STATUS_FRESH_S:
             intervened = self._status[1] == _FILTERING
+        if self.phases is not None:  # MIXED: the operator standing by decides (config's flag: every phase),
+            # on an anomaly that began in MIXED: the one that just demoted REAL -> MIXED is one event, one step
+            mon = self.tracker.monitor
+            mon.human_on_anomaly = self._config.human_on_anomaly or (
+                self.phases.phase == 1 and mon.anomalies != self._demoted_at_anomaly)
         started = time.perf_counter()
         self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
         self._compute_us.append((time.perf_counter() - started) * 1e6)  # the monitor's own work per period
