@@ -72,8 +72,9 @@ class DemoSummary:
     teleop_peak_speed_ratio: float | None = None  # peak |q̇| / the limits in force (SLOW x phase) while jogging
     teleop_tool_rise_m: float | None = None  # the tool's rise under the +z jog (base frame)
     phase: str = ""  # the deployment phase at the end
-    trust_compute_us_p50: float | None = None  # the trust monitor's work per period in its own process
-    trust_compute_us_p99: float | None = None
+    trust_compute_cpu_us_p50: float | None = None  # the trust monitor's work per period: CPU time of its thread
+    trust_compute_cpu_us_p99: float | None = None
+    trust_compute_wall_us_p50: float | None = None  # ... and wall time (preemption by the other processes included)
     promotion_unmet: list[str] = field(default_factory=list)  # why the operator's promotion was refused
     paths_done: int = 0  # track: paths run to their end
     paths_succeeded: int = 0
@@ -353,9 +354,10 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
                                   f"({'granted' if answer.success else 'refused'}: {answer.message})")
         if t_take is not None and mon.trust:
             _summarize_intervention(summary, mon, kin, limits, t0)
-        if "compute_us_p50" in mon.trust_diag:
-            summary.trust_compute_us_p50 = float(mon.trust_diag["compute_us_p50"])
-            summary.trust_compute_us_p99 = float(mon.trust_diag["compute_us_p99"])
+        if "compute_cpu_us_p50" in mon.trust_diag:
+            summary.trust_compute_cpu_us_p50 = float(mon.trust_diag["compute_cpu_us_p50"])
+            summary.trust_compute_cpu_us_p99 = float(mon.trust_diag["compute_cpu_us_p99"])
+            summary.trust_compute_wall_us_p50 = float(mon.trust_diag["compute_wall_us_p50"])
         _print_summary(summary)
         if out_dir is not None:
             out_dir = Path(out_dir)
@@ -597,9 +599,9 @@ def _print_summary(s: DemoSummary) -> None:
         rec = "never" if s.trust_recovered_after_s is None else f"{s.trust_recovered_after_s:.1f} s"
         payload = f"payload seen after {det}, FULL again {rec} after it was removed; " if s.task == "reach" else ""
         print(f"trust: levels {s.trust_levels}; {payload}operator resets of a trust latch {s.trust_resets}")
-    if s.trust_compute_us_p50 is not None:
-        print(f"trust monitor compute per period (its process) p50 {s.trust_compute_us_p50:.0f} us, "
-              f"p99 {s.trust_compute_us_p99:.0f} us")
+    if s.trust_compute_cpu_us_p50 is not None:
+        print(f"trust monitor compute per period (its process): CPU p50 {s.trust_compute_cpu_us_p50:.0f} us, "
+              f"p99 {s.trust_compute_cpu_us_p99:.0f} us; wall p50 {s.trust_compute_wall_us_p50:.0f} us")
     if s.intervention_taken:
         rel = "never" if s.intervention_released_after_s is None else f"{s.intervention_released_after_s:.1f} s"
         ratio = "-" if s.teleop_peak_speed_ratio is None else f"{s.teleop_peak_speed_ratio:.2f}"
