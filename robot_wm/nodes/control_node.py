@@ -33,6 +33,10 @@ class ControlNode(LifecycleNode):
     Subclasses define ``control_step()``, called every ``control_period_s`` while active.
     """
 
+    #: False for a node that reads /joint_states its own way (every message, not only the latest):
+    #: then ``state`` / ``fresh_state`` stay empty and the messages are not parsed twice
+    SUBSCRIBES_JOINT_STATES = True
+
     def __init__(self, node_name: str, context: Context | None = None) -> None:
         super().__init__(node_name, context=context)
         self.period_s = declare(self, "control_period_s", 0.01, "control period (s), 1 ms to 100 ms", range_=(0.001, 0.1), read_only=True)
@@ -50,7 +54,8 @@ class ControlNode(LifecycleNode):
         self._control_timer = None
         # depth 1: a node that falls behind skips straight to the newest state instead of working
         # through a queue of old ones (a loaded 2-core machine otherwise controls on 100 ms old states)
-        self.create_subscription(JointState, self.joint_states_topic, self._on_joint_state, LATEST_ONLY)
+        if self.SUBSCRIBES_JOINT_STATES:
+            self.create_subscription(JointState, self.joint_states_topic, self._on_joint_state, LATEST_ONLY)
         if self.autostart:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
 

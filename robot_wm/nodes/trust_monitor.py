@@ -56,6 +56,8 @@ _DIAG_LEVELS = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticS
 class TrustMonitorNode(ControlNode):
     """See the module docstring."""
 
+    SUBSCRIBES_JOINT_STATES = False  # every joint state is kept (``_on_joint_state_full``), not only the latest
+
     def __init__(self, context: Context | None = None, node_name: str = "trust_monitor") -> None:
         super().__init__(node_name, context=context)
         from robot_wm.core.trust.monitor import TrustConfig
