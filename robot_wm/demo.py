@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from robot_wm.core.safety.limits import Phase, TrustLevel
+from robot_wm.demo_intervention import Hand, summarize_intervention
+from robot_wm.demo_report import tool_speeds, write_report
 from robot_wm.graph import plan, policy_overrides
 from robot_wm.rosenv import loopback_env
 from robot_wm.process_group import ProcessGroup
@@ -291,7 +293,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             time.sleep(0.1)
         t0 = time.monotonic()
         pushed = estopped = reset_done = loaded = False
-        hand = _Hand(node)
+        hand = Hand(node, _call)
         trust_resets, last_trust_reset = 0, -1e9
         last_print = 0.0
         while not stop.is_set():
@@ -353,7 +355,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             summary.events.append(f"{time.monotonic() - t0:6.2f} s  operator: promote "
                                   f"({'granted' if answer.success else 'refused'}: {answer.message})")
         if t_take is not None and mon.trust:
-            _summarize_intervention(summary, mon, kin, limits, t0)
+            summarize_intervention(summary, mon, kin, limits, t0)
         if "compute_cpu_us_p50" in mon.trust_diag:
             summary.trust_compute_cpu_us_p50 = float(mon.trust_diag["compute_cpu_us_p50"])
             summary.trust_compute_cpu_us_p99 = float(mon.trust_diag["compute_cpu_us_p99"])
@@ -364,7 +366,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
             out_dir.mkdir(parents=True, exist_ok=True)
             stem = "demo" if task == "reach" else task
             (out_dir / f"{stem}_summary.json").write_text(json.dumps(asdict(summary), indent=2))
-            png = _report(mon, kin, limits, names, t0, out_dir / f"{stem}_report.png", task)
+            png = write_report(mon, kin, limits, names, t0, out_dir / f"{stem}_report.png", task)
             print(f"summary: {out_dir / f'{stem}_summary.json'}   report: {png}")
         code = 0 if summary.passed else 1
     finally:
@@ -406,15 +408,6 @@ def _status_line(mon: _Monitor, kin, now: float) -> str:
             f"interventions {interventions:5d}  pred err {err:.3f} rad/s  trust {level:<13}")
 
 
-def _tool_speeds(mon: _Monitor, kin) -> tuple[np.ndarray, np.ndarray]:
-    """Tool speed |J(q) q̇| from the measured joint states (receive times jitter too much to differentiate)."""
-    with mon.lock:
-        js = list(mon.js)
-    t = np.array([x[0] for x in js])
-    speed = np.array([np.linalg.norm(kin.tool_linear_velocity_mps(x[1], x[2])) for x in js])
-    return t, speed
-
-
 def _path_results(events: list[tuple[float, str]]) -> list[tuple[float, bool]]:
     """(RMS m, success) of each finished path, from path_sequencer's events."""
     out = []
@@ -433,7 +426,7 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     q = np.array([x[1] for x in js])
     over = np.maximum(q - np.asarray(limits.upper_rad), np.asarray(limits.lower_rad) - q)
     violations = int(np.sum(over > JOINT_LIMIT_TOLERANCE_RAD))
-    t_speed, speed = _tool_speeds(mon, kin)
+    t_speed, speed = tool_speeds(mon, kin)
     push_at = next((t for t, e in mon.events if e.startswith("operator: push")), None)
     in_push = (t_speed >= push_at) & (t_speed < push_at + PUSH_WINDOW_S) if push_at is not None else np.zeros(len(t_speed), bool)
     states = Counter(s[2] for s in status)
@@ -499,79 +492,6 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     return summary
 
 
-def _summarize_intervention(summary: DemoSummary, mon, kin, limits, t0: float) -> None:
-    """The take-over's numbers, and whether it went as it must: taken, the jog within the limits in
-    force (SLOW while an operator is in control, times the phase), handed back at rest."""
-    with mon.lock:
-        events = list(mon.events)
-        js = list(mon.js)
-    taken = next((t for t, e in events if e.startswith("operator: take over") and "accepted" in e), None)
-    released = next((t for t, e in events if e.startswith("operator: release") and "accepted" in e), None)
-    jog = next((t for t, e in events if e.startswith("operator: jog")), None)
-    jog_end = next((t for t, e in events if e.startswith("operator: jog ends")), None)
-    summary.intervention_taken = taken is not None
-    summary.intervention_released_after_s = None if taken is None or released is None else released - taken
-    if jog is not None and jog_end is not None:
-        window = [x for x in js if jog <= x[0] <= jog_end + 0.3]
-        phase = Phase[summary.phase] if summary.phase in Phase.__members__ else Phase.SIM
-        cap = np.asarray(limits.velocity_max_radps) * limits.scale_for(TrustLevel.SLOW, phase).speed
-        if window:
-            summary.teleop_peak_speed_ratio = float(max(np.max(np.abs(qd) / cap) for _, _, qd in window))
-            summary.teleop_tool_rise_m = float(kin.tool_position_m(window[-1][1])[2] - kin.tool_position_m(window[0][1])[2])
-    summary.passed = bool(summary.passed and summary.intervention_taken
-                          and summary.intervention_released_after_s is not None
-                          and summary.teleop_peak_speed_ratio is not None and summary.teleop_peak_speed_ratio <= 1.05
-                          and (summary.teleop_tool_rise_m or 0.0) > 0.005)
-
-
-class _Hand:
-    """The operator's take-over in the demo: take, jog the tool up 1.5 s (TwistStamped, base frame,
-    through the policy node's teleop slot and the filter), let the deadman stop it, hand back at rest."""
-
-    JOG_S, RISE_MPS = 1.5, 0.03
-
-    def __init__(self, node) -> None:
-        from geometry_msgs.msg import TwistStamped
-
-        self.node = node
-        self.pub = node.create_publisher(TwistStamped, "/robot_wm/teleop/twist", 10)
-        self.stage = "take"
-        self._last_try = -1e9
-
-    def step(self, t: float, mon) -> None:
-        from geometry_msgs.msg import TwistStamped
-
-        from robot_wm.srv import Intervention
-
-        if self.stage == "take":
-            resp = _call(self.node, Intervention, "/robot_wm/intervention/take",
-                         Intervention.Request(reason="demo: the operator moves the tool up by hand"))
-            mon.event(f"operator: take over ({'accepted' if resp.success else 'refused'}: {resp.message})")
-            self.stage = "wait" if resp.success else "done"
-            self._t = t
-        elif self.stage == "wait" and t - self._t >= 1.0:  # the policy's command is gone, the arm slows
-            mon.event(f"operator: jog the tool up {self.RISE_MPS * 1e3:.0f} mm/s for {self.JOG_S:g} s "
-                      "(teleop twist, base frame)")
-            self.stage, self._t = "jog", t
-        elif self.stage == "jog":
-            if t - self._t < self.JOG_S:
-                msg = TwistStamped()
-                msg.header.stamp = self.node.get_clock().now().to_msg()
-                msg.header.frame_id = "base_link"
-                msg.twist.linear.z = self.RISE_MPS
-                self.pub.publish(msg)
-            else:
-                mon.event("operator: jog ends (no more teleop messages: the deadman stops the arm)")
-                self.stage, self._t = "release", t
-        elif self.stage == "release" and t - self._last_try >= 0.5:
-            self._last_try = t
-            resp = _call(self.node, Intervention, "/robot_wm/intervention/release",
-                         Intervention.Request(reason="demo: tool clear, back to the policy"))
-            if resp.success or t - self._t > 10.0:
-                mon.event(f"operator: release ({'accepted' if resp.success else 'refused'}: {resp.message})")
-                self.stage = "done"
-
-
 def _print_summary(s: DemoSummary) -> None:
     print("---- summary (measured on the arm's /joint_states) ----")
     for line in s.events:
@@ -614,99 +534,3 @@ def _print_summary(s: DemoSummary) -> None:
     if s.prediction_error_qdot_radps_median is not None:
         print(f"world-model one-step velocity error (max over joints), median {s.prediction_error_qdot_radps_median:.4f} rad/s")
     print("PASS" if s.passed else "FAIL")
-
-
-def _report(mon: _Monitor, kin, limits, names, t0: float, path: Path, task: str = "reach") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with mon.lock:
-        js = list(mon.js)
-        status = list(mon.status)
-        pred = list(mon.pred_err)
-        trust = list(mon.trust)
-        events = list(mon.events)
-        reference = list(mon.reference)
-    t = np.array([x[0] for x in js]) - t0
-    q = np.array([x[1] for x in js])
-    track = task == "track" and len(reference) > 1
-    fig = plt.figure(figsize=(11, 16 if track else 12))
-    rows = 6 if track else 4
-    axes = [fig.add_subplot(rows, 1, 1)]
-    axes += [fig.add_subplot(rows, 1, k, sharex=axes[0]) for k in range(2, 5)]
-    ax = axes[0]
-    for i, name in enumerate(names):
-        line, = ax.plot(t, q[:, i], lw=1, label=name)
-        ax.axhline(limits.upper_rad[i], color=line.get_color(), ls=":", lw=0.8)
-        ax.axhline(limits.lower_rad[i], color=line.get_color(), ls=":", lw=0.8)
-    ax.set_ylabel("joint position (rad)")
-    ax.set_title("joint trajectories (dotted: safety limits)")
-    ax.legend(ncol=3, fontsize=7, loc="upper right")
-    ts, speed = _tool_speeds(mon, kin)
-    axes[1].plot(ts - t0, speed, lw=0.8)
-    axes[1].axhline(limits.tool_speed_max_mps, color="r", ls="--", label="limit")
-    axes[1].set_ylabel("tool speed (m/s)")
-    axes[1].legend(fontsize=8)
-    st = np.array([s[0] for s in status]) - t0
-    axes[2].plot(st, [s[3] for s in status], lw=0.8, label="|u_safe - u_nominal| (rad/s)")
-    axes[2].step(st, [s[1] for s in status], where="post", lw=0.8, label="state (0 OK, 1 FILTERING, 2 STOPPING, 3 STOPPED, 4 ESTOP, 5 FAULT)")
-    axes[2].set_ylabel("safety filter")
-    axes[2].legend(fontsize=7)
-    if pred:
-        axes[3].plot(np.array([p[0] for p in pred]) - t0, [p[1] for p in pred], lw=0.6)
-    axes[3].set_ylabel("prediction error (rad/s)")
-    if trust:
-        tw = axes[3].twinx()
-        tt = np.array([x[0] for x in trust]) - t0
-        tw.plot(tt, [x[2] for x in trust], color="tab:green", lw=0.9, label="trust score")
-        tw.step(tt, [x[1] / 4.0 for x in trust], where="post", color="tab:red", lw=0.8,
-                label="trust level / 4 (0 FULL, .25 CAUTIOUS, .5 SLOW, .75 STOP, 1 HUMAN)")
-        tw.set_ylim(-0.05, 1.05)
-        tw.set_ylabel("trust")
-        tw.legend(fontsize=7, loc="upper right")
-    axes[3].set_xlabel("time (s)")
-    if track:
-        _track_panels(fig, axes, kin, js, reference, t0)
-    taken = next((te for te, text in events if text.startswith("operator: take over") and "accepted" in text), None)
-    given = next((te for te, text in events if text.startswith("operator: release") and "accepted" in text), None)
-    for ax in axes:
-        for te, text in events:
-            if text.startswith("operator"):
-                ax.axvline(te - t0, color="k", lw=0.8, alpha=0.5)
-        if taken is not None:
-            ax.axvspan(taken - t0, (given if given is not None else events[-1][0]) - t0, color="tab:orange",
-                       alpha=0.15, label="operator in control" if ax is axes[1] else None)
-    if taken is not None:
-        axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-def _track_panels(fig, axes, kin, js, reference, t0: float) -> None:
-    """Tracking error over time (under the time panels) and the reference path against the actual
-    tool path, projected on the base frame's x-y and x-z planes (the bottom row)."""
-    t_js = np.array([x[0] for x in js])
-    tool = np.array([kin.tool_position_m(x[1]) for x in js])
-    t_ref = np.array([r[0] for r in reference])
-    ref = np.array([r[1] for r in reference])
-    inside = (t_ref >= t_js[0]) & (t_ref <= t_js[-1])
-    t_ref, ref = t_ref[inside], ref[inside]
-    at_ref = np.stack([np.interp(t_ref, t_js, tool[:, k]) for k in range(3)], axis=1)
-    err = np.linalg.norm(at_ref - ref, axis=1)
-    ax = fig.add_subplot(6, 1, 5, sharex=axes[0])
-    ax.plot(t_ref - t0, err * 1e3, lw=0.8)
-    ax.set_ylabel("|tool - reference| (mm)")
-    ax.set_ylim(0, max(20.0, float(np.percentile(err, 95)) * 1e3 * 1.2) if len(err) else 20.0)
-    ax.set_xlabel("time (s)")
-    axes.append(ax)
-    for col, (i, j, label) in enumerate(((0, 1, "x-y"), (0, 2, "x-z"))):
-        ax = fig.add_subplot(6, 2, 11 + col)
-        ax.plot(ref[:, i], ref[:, j], "k--", lw=0.8, label="reference")
-        ax.plot(at_ref[:, i], at_ref[:, j], lw=0.8, alpha=0.8, label="tool (measured)")
-        ax.set_aspect("equal", adjustable="datalim")
-        ax.set_title(f"reference vs tool path ({label}, m)", fontsize=9)
-        ax.legend(fontsize=7)

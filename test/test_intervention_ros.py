@@ -33,6 +33,25 @@ def _stamp(msg) -> float:
     return msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
 
 
+def _bring_up(spawn, ros_context, overrides: dict, subscriptions=()):
+    """The graph on the embedded arm (self-enabling) with ``overrides``, and a test client that also
+    records ``subscriptions`` ((type, topic, list, qos)). Returns (processes, client, logs())."""
+    from robot_wm import graph
+    from robot_wm.process_group import command_for
+
+    specs = [s for s in graph.plan("mujoco", overrides={"profile": "nominal", **overrides}, enable=True)
+             if not s.needs_ros_install]
+    procs = {s.name: spawn(command_for(s)) for s in specs}
+    arm = ArmClient(ros_context, start=False)
+    for msg_type, topic, into, qos in subscriptions:
+        arm.node.create_subscription(msg_type, topic, into.append, qos)
+
+    def logs():
+        return "\n".join(f"--- {n}\n{p.output()[-2500:]}" for n, p in procs.items())
+
+    return procs, arm, logs
+
+
 @pytest.mark.ros
 @pytest.mark.slow
 def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(spawn, ros_context, tmp_path):
@@ -40,30 +59,23 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
     from rclpy.qos import DurabilityPolicy, QoSProfile
     from std_msgs.msg import Float64MultiArray
 
-    from robot_wm import graph
     from robot_wm.core.safety import load_safety_limits
     from robot_wm.core.safety.limits import Phase, TrustLevel
     from robot_wm.msg import InterventionState, TrustState
-    from robot_wm.process_group import command_for
 
     phase_file, log = tmp_path / "phase.json", tmp_path / "interventions.jsonl"
-    overrides = {"profile": "nominal", "phase_file": str(phase_file), "intervention_log": str(log), **CRITERIA}
-    specs = [s for s in graph.plan("mujoco", overrides=overrides, enable=True) if not s.needs_ros_install]
-    procs = {s.name: spawn(command_for(s)) for s in specs}
-    arm = ArmClient(ros_context, start=False)
     trust: list = []
     who: list = []
-    arm.node.create_subscription(TrustState, "/robot_wm/trust", trust.append, 50)
-    arm.node.create_subscription(InterventionState, "/robot_wm/intervention/state", who.append,
-                                 QoSProfile(depth=5, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+    procs, arm, logs = _bring_up(
+        spawn, ros_context, {"phase_file": str(phase_file), "intervention_log": str(log), **CRITERIA},
+        [(TrustState, "/robot_wm/trust", trust, 50),
+         (InterventionState, "/robot_wm/intervention/state", who,
+          QoSProfile(depth=5, durability=DurabilityPolicy.TRANSIENT_LOCAL))])
     jog = arm.node.create_publisher(Float64MultiArray, "/robot_wm/teleop/joint_velocity", 10)
     twist = arm.node.create_publisher(TwistStamped, "/robot_wm/teleop/twist", 10)
     arm.start()
     limits = load_safety_limits()
     vmax = np.asarray(limits.velocity_max_radps)
-
-    def logs():
-        return "\n".join(f"--- {n}\n{p.output()[-2500:]}" for n, p in procs.items())
 
     def since(t0, pred):
         return [s for s in list(trust) if _stamp(s) >= t0 and pred(s)]
@@ -196,27 +208,20 @@ def test_an_anomaly_demotes_real_to_mixed_and_in_mixed_calls_a_human(spawn, ros_
     (a 10 kg payload and heavy sensor noise at once, from the injector): automatic demotion to MIXED with a request on
     /robot_wm/intervention/requests; the fault again in MIXED: HUMAN, a critical request, the arm
     held; the history says who did what."""
-    from robot_wm import graph
     from robot_wm.core.safety.limits import Phase, TrustLevel
     from robot_wm.core.trust.phase import PhaseState, PhaseStore
     from robot_wm.msg import InterventionRequest, TrustState
-    from robot_wm.process_group import command_for
     from robot_wm.srv import InjectFault
 
     phase_file = tmp_path / "phase.json"
     PhaseStore(phase_file).save(PhaseState(phase=Phase.REAL))
-    overrides = {"profile": "nominal", "phase_file": str(phase_file), "intervention_log": str(tmp_path / "i.jsonl")}
-    specs = [s for s in graph.plan("mujoco", overrides=overrides, enable=True) if not s.needs_ros_install]
-    procs = {s.name: spawn(command_for(s)) for s in specs}
-    arm = ArmClient(ros_context, start=False)
     trust: list = []
     requests: list = []
-    arm.node.create_subscription(TrustState, "/robot_wm/trust", trust.append, 50)
-    arm.node.create_subscription(InterventionRequest, "/robot_wm/intervention/requests", requests.append, 10)
+    procs, arm, logs = _bring_up(
+        spawn, ros_context, {"phase_file": str(phase_file), "intervention_log": str(tmp_path / "i.jsonl")},
+        [(TrustState, "/robot_wm/trust", trust, 50),
+         (InterventionRequest, "/robot_wm/intervention/requests", requests, 10)])
     arm.start()
-
-    def logs():
-        return "\n".join(f"--- {n}\n{p.output()[-2500:]}" for n, p in procs.items())
 
     def noise():  # two faults at once, each seen by its own signal: effort (payload), prediction error (noise)
         loaded = arm.call(InjectFault, "/arm_sim/inject_fault",

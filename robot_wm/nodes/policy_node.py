@@ -27,6 +27,8 @@ take-over is appended, with its reason and times, to ``intervention_log`` (JSON 
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from geometry_msgs.msg import PointStamped
 from rclpy.context import Context
@@ -34,7 +36,8 @@ from rclpy.lifecycle import State, TransitionCallbackReturn
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import MultiDOFJointTrajectory
 
-from robot_wm.core.slew import DEFAULT_SLEW_FRACTION
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.slew import DEFAULT_SLEW_FRACTION, trust_scales
 from robot_wm.core.teleop import DEFAULT_DEADMAN_S, DEFAULT_REST_RADPS
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, vector
@@ -197,8 +200,6 @@ class PolicyNode(ControlNode):
         a graph without a monitor runs the filter on its default level)."""
         if self._trust is None or self._limits is None:
             return 1.0, 1.0
-        from robot_wm.core.slew import trust_scales
-
         try:
             return trust_scales(self._limits, *self._trust, base_phase=self.phase)
         except ValueError:  # a malformed TrustState: the filter latches on it; here the safe choice
@@ -261,8 +262,6 @@ class PolicyNode(ControlNode):
                                                        msg.header.frame_id))
 
     def _teleop_input(self, apply) -> None:
-        import time
-
         from robot_wm.core.teleop import TeleopInputError
 
         if self.teleop is None or not self.intervention.active:
@@ -345,18 +344,8 @@ class PolicyNode(ControlNode):
 
     def _teleop_step(self, q: np.ndarray, qdot: np.ndarray) -> None:
         """The operator's jog in the policy's slot: clipped to the limits in force, slew-limited."""
-        import time
-
-        from robot_wm.core.safety.limits import TrustLevel
-
-        from robot_wm.core.slew import trust_scales
-
-        level, phase = self._trust if self._trust is not None else (int(TrustLevel.SLOW), self.phase)
-        try:
-            speed, accel = trust_scales(self._limits, level, phase, base_phase=self.phase)
-            full = self._limits.scale_for(TrustLevel.FULL, self.phase).speed
-        except ValueError:  # a malformed TrustState: hold still
-            speed, accel, full = 0.0, 1.0, 0.0
+        speed, accel = self._trust_scales()  # the same factors as the policy's (0 on a malformed TrustState)
+        full = self._limits.scale_for(TrustLevel.FULL, self.phase).speed
         self.teleop.set_speed_max(np.asarray(self._limits.velocity_max_radps) * speed * full)
         action = self.teleop.command(time.monotonic(), q)
         if self.slew is not None:
