@@ -20,6 +20,7 @@ examples:
   robot-wm tare                       re-tare the F/T sensor after a payload change (e-stop first)
   robot-wm trust status | promote | demote --reason "..."   the trust level and the deployment phase
   robot-wm intervene take --reason "..."; robot-wm teleop; robot-wm intervene release --reason "..."
+  robot-wm models list | show T V | activate T V | rollback T | verify   the model registry (active set per task)
   eval "$(robot-wm env)"              give this shell robot_wm's loopback-only DDS settings
 
 learning (CPU, minutes; commands behind the shipped models: models/README.md):
@@ -282,9 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from robot_wm.learning.pipeline import add_parsers
     from robot_wm.learning.report import add_parser as add_report_parser
+    from robot_wm.registry_cli import add_parser as add_models_parser
 
     add_parsers(verbs)
     add_report_parser(verbs)
+    add_models_parser(verbs)
     return parser
 
 

@@ -19,6 +19,7 @@ KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco")
 SAFETY_FILTER = "safety_filter"
 TRUST_MONITOR = "trust_monitor"
 POLICY = "policy"
+WORLD_MODEL = "world_model"
 TASKS = ("reach", "track")
 _PHASE_SIM, _PHASE_REAL, _LEVEL_STOP = 0, 2, 3  # msg/TrustState.msg PHASE_SIM, PHASE_REAL, LEVEL_STOP
 SIMULATED_HARDWARE = (EMBEDDED, "mock", "gazebo")  # a policy in phase SIM may run on these (not on a real arm)
@@ -160,7 +161,9 @@ def plan(
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
 
     The trust monitor gets ``simulated_arm`` (the embedded arm, mock, gazebo: a policy in phase SIM
-    may run there, on any other hardware the monitor holds it until promoted) and ``task``.
+    may run there, on any other hardware the monitor holds it until promoted) and ``task``; the
+    world model node and the safety filter get ``task`` too (the registry's active set of the task
+    gives both their default world model, robot_wm.registry.resolve).
     The safety filter also gets ``default_phase`` from the hardware (SIM on the embedded arm, REAL
     on every other), and ``default_trust_level`` STOP whenever the graph has a trust monitor (the
     arm must not move before the monitor has spoken).
@@ -198,6 +201,8 @@ def plan(
             params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
         if spec.name == TRUST_MONITOR:  # whether the arm is a simulator, the task whose normal operation it knows
             params["simulated_arm"] = hardware in SIMULATED_HARDWARE
+            params["task"] = task
+        if spec.name in (WORLD_MODEL, SAFETY_FILTER):  # both load the task's active world model: the same file
             params["task"] = task
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL

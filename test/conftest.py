@@ -27,6 +27,8 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 import tempfile  # noqa: E402
 
 os.environ["ROBOT_WM_STATE_DIR"] = tempfile.mkdtemp(prefix="robot_wm_test_state_")
+# ... and the model registry under it (state_dir()/models), never a developer's ROBOT_WM_MODELS_DIR
+os.environ.pop("ROBOT_WM_MODELS_DIR", None)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:

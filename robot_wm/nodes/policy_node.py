@@ -52,8 +52,9 @@ class PolicyNode(ControlNode):
         super().__init__(node_name, context=context)
         self.task_name = declare(self, "task", "reach", "task of the policy: reach (goal) or track (reference path)",
                                  read_only=True)
-        self.model_path = declare(self, "model_path", "", "policy .onnx (empty: the package's models/policy.onnx for "
-                                  "reach, models/track/policy.onnx for track)", read_only=True)
+        self.model_path = declare(self, "model_path", "", "policy .onnx (empty: the task's active set of the model "
+                                  "registry, robot_wm.registry.resolve; with none, the package's models/policy.onnx "
+                                  "for reach, models/track/policy.onnx for track)", read_only=True)
         self.scripted = declare(self, "scripted", False,
                                 "run the task's scripted baseline (DLS reacher / tracker) in the policy's slot "
                                 "instead of a learned model: commissioning, or a task without a learned policy "
@@ -109,7 +110,7 @@ class PolicyNode(ControlNode):
         from robot_wm.core.safety import SafetyLimitsError, load_safety_limits
         from robot_wm.core.slew import SlewLimiter, slew_delta
         from robot_wm.core.tasks import get_task
-        from robot_wm.paths import data_path
+        from robot_wm.registry import resolve
 
         try:
             urdf = description.expand()
@@ -122,8 +123,7 @@ class PolicyNode(ControlNode):
                     raise ValueError(f"parameters scripted=true and model_path={self.model_path!r}: give one of them")
                 self.runner, path = self.task.baseline(), "the task's definition (scripted)"
             else:
-                default = ("models", "policy.onnx") if self.task_name == "reach" else ("models", "track", "policy.onnx")
-                path = self.model_path or str(data_path(*default, must_exist=False))
+                path = self.model_path or str(resolve(self.task_name, "policy", warn=self.get_logger().warning))
                 self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
             self.kin = Kinematics(urdf, self.joint_names)
             self._limits = load_safety_limits()

@@ -92,7 +92,11 @@ class SafetyFilterNode(ControlNode):
 
     def __init__(self, context: Context | None = None, node_name: str = "safety_filter") -> None:
         super().__init__(node_name, context=context)
-        self.model_path = declare(self, "world_model_path", "", "world model .onnx (empty: models/world_model.onnx of the package)", read_only=True)
+        self.model_path = declare(self, "world_model_path", "", "world model .onnx (empty: the task's active set "
+                                  "of the model registry, robot_wm.registry.resolve; with none, the package's)",
+                                  read_only=True)
+        self.task = declare(self, "task", "reach", "the task whose active model set gives the default world model "
+                            "(reach, track; robot_wm.graph.plan sets it, as for the world_model node)", read_only=True)
         require_model = declare(self, "require_model", True, "a missing or implausible world model is a fault (else: kinematic model)", read_only=True)
         latch_stale = declare(self, "latch_stale", False, "stale inputs latch like malformed ones (else: stop while stale)", read_only=True)
         level = declare(self, "default_trust_level", 3, "trust level before the first TrustState (TrustState LEVEL_*; 3 = STOP)", range_=(0, 4), read_only=True)
@@ -213,18 +217,19 @@ class SafetyFilterNode(ControlNode):
         from robot_wm.core.kinematics import Kinematics
         from robot_wm.core.onnx_model import ModelError
         from robot_wm.core.world_model_runner import WorldModelRunner
-        from robot_wm.paths import data_path
+        from robot_wm.registry import resolve
 
         urdf = description.expand()
         limits = description.joint_limits(urdf)
         if self.joint_names == [""]:
             self.joint_names = list(limits.names)
         runner = None
-        path = self.model_path or str(data_path("models", "world_model.onnx", must_exist=False))
         try:
             if not self.use_model:
                 raise ValueError(f"its {self.model_dt_s:g} s step is not this filter's {self.period_s:g} s period")
+            path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
             runner = WorldModelRunner(path, self.joint_names, self.period_s)
+            self.get_logger().info(f"world model {runner.version} loaded from {path}")
         except (ModelError, ValueError, OSError) as exc:
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
             self.get_logger().error(f"world model unavailable ({exc}); "

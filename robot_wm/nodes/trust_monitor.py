@@ -86,7 +86,9 @@ class TrustMonitorNode(ControlNode):
                                    "write the calibration and judge with it (0: judge with the calibration file)",
                                    range_=(0.0, 36000.0), read_only=True)
         self.calibration_file = declare(self, "calibration_file", "", "trust calibration JSON (empty: "
-                                        "models/trust/<profile>.json of the package)", read_only=True)
+                                        "trust/<profile>.json of the task's active model set, "
+                                        "robot_wm.registry.resolve; with none, models/trust/[<task>/]<profile>.json "
+                                        "of the package, where calibrate_s also writes)", read_only=True)
         self.profile = declare(self, "profile", "nominal", "the arm profile whose calibration is the default",
                                read_only=True)
         self.task = declare(self, "task", "reach", "the task whose calibration is the default (reach, track)",
@@ -172,7 +174,17 @@ class TrustMonitorNode(ControlNode):
         except (ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
-        path = self.calibration_file or str(default_calibration_path(self.profile, self.task))
+        registry_problem = None  # the active model set is refused: STOP with the reason, never another calibration
+        if self.calibration_file or self.calibrate_s > 0:  # a recording goes where `trust calibrate` waits for it
+            path = self.calibration_file or str(default_calibration_path(self.profile, self.task))
+        else:
+            from robot_wm.core.onnx_model import ModelError
+            from robot_wm.registry import resolve
+
+            try:
+                path = str(resolve(self.task, "calibration", profile=self.profile, warn=self.get_logger().warning))
+            except (ModelError, OSError) as exc:
+                path, registry_problem = "", f"no usable trust calibration: {exc}"
         self._config, self._kin, self._path = config, kin, path
         self._request_pub = self.create_publisher(InterventionRequest, "/robot_wm/intervention/requests", 10)
         from robot_wm.core.trust.phase import PhaseFileError, PhaseMachine, PhaseStore
@@ -207,6 +219,10 @@ class TrustMonitorNode(ControlNode):
             self.get_logger().warning(
                 f"calibrating: recording {self.calibrate_s:g} s of normal operation, then writing {path}; until then "
                 f"the monitor does not judge (level {'FULL on the simulator' if self.simulated_arm else 'CAUTIOUS'})")
+            return TransitionCallbackReturn.SUCCESS
+        if registry_problem is not None:
+            self.problem = registry_problem
+            self.get_logger().error(f"{self.problem}; publishing STOP")
             return TransitionCallbackReturn.SUCCESS
         try:
             self.calibration = _with_floors(calib_io.load(path), config_from_params(self.params)[1].floor_map())

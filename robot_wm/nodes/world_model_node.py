@@ -35,7 +35,11 @@ class WorldModelNode(ControlNode):
 
     def __init__(self, context: Context | None = None, node_name: str = "world_model") -> None:
         super().__init__(node_name, context=context)
-        self.model_path = declare(self, "model_path", "", "world model .onnx (empty: models/world_model.onnx of the package)", read_only=True)
+        self.model_path = declare(self, "model_path", "", "world model .onnx (empty: the task's active set of the "
+                                  "model registry, robot_wm.registry.resolve; with none, the package's)",
+                                  read_only=True)
+        self.task = declare(self, "task", "reach", "the task whose active model set gives the default world model "
+                            "(reach, track; robot_wm.graph.plan sets it, as for the safety filter)", read_only=True)
         self.forecast_steps = declare(self, "forecast_steps", 0, "periods of the tool-path forecast marker (0: off)", range_=(0, 200), read_only=True)
         command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands", "the command sent to the hardware", read_only=True)
         self.base_frame = declare(self, "base_frame", "base_link", "frame of the forecast marker", read_only=True)
@@ -52,13 +56,13 @@ class WorldModelNode(ControlNode):
         from robot_wm.core.onnx_model import ModelError
         from robot_wm.core.task import load_task
         from robot_wm.core.world_model_runner import WorldModelRunner
-        from robot_wm.paths import data_path
+        from robot_wm.registry import resolve
 
         try:
             urdf = description.expand()
             if self.joint_names == [""]:
                 self.joint_names = list(description.joint_limits(urdf).names)
-            path = self.model_path or str(data_path("models", "world_model.onnx", must_exist=False))
+            path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
             self.runner = WorldModelRunner(path, self.joint_names, load_task().control_dt_s)
             self.kin = Kinematics(urdf, self.joint_names)
         except (ModelError, ValueError, OSError) as exc:
