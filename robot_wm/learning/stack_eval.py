@@ -258,8 +258,12 @@ class PeriodTrace:
 
 
 def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps, i: int, delay: int,
-                 trace: list | None = None) -> dict:
-    """One episode (through the filter when ``wm`` is given: enabled by an operator after its tare)."""
+                 trace: list | None = None, recorder=None) -> dict:
+    """One episode (through the filter when ``wm`` is given: enabled by an operator after its tare).
+
+    ``recorder`` (e.g. ``robot_wm.learning.demos.LibraryRecorder``) sees every period as the
+    topics would carry it: ``period(t, js, force, torque, nominal, command, result)``, then
+    ``task_started(t)`` after the start-up and ``finished(t, score, interventions, js)``."""
     from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
     from robot_wm.core.slew import SlewLimiter
     from robot_wm.sim import ArmSim
@@ -281,14 +285,16 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         nonlocal t
         res = None
         command = nominal
+        force, torque = sim.wrench() if (ctrl is not None or recorder is not None) else (None, None)
         if ctrl is not None:
-            force, _ = sim.wrench()
             res = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t),
                             nominal=NominalSample(nominal, nominal_stamp), wrench=WrenchSample(force, t, cfg.ft_frame))
             command = res.u_safe_radps
             if trace is not None:
                 trace.append(PeriodTrace(i, t, js.position_rad, js.velocity_radps, np.array(force), np.array(nominal),
                                          nominal_stamp, np.array(command), False))
+        if recorder is not None:
+            recorder.period(t, js, force, torque, nominal, command, res)
         sim.set_command(command)
         sim.step(sim_steps)
         t += dt
@@ -305,6 +311,8 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         else:
             raise RuntimeError(f"the safety filter could not be enabled at the start of the episode: {ctrl.summary()}")
     t_task = t  # the task's clock starts now (the reference path, the score)
+    if recorder is not None:
+        recorder.task_started(t_task)
     score = task.new_score(eps, i)
     pending: list[tuple[np.ndarray, float]] = []  # nominals on their way from the policy to the filter
     tool_prev = sim.tool_position_m()
@@ -338,5 +346,7 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         for kind, bad in check(sim.true_joint_state().position_rad, speed).items():
             violations[kind] += bad
         score.update(t - t_task, tool)
+    if recorder is not None:
+        recorder.finished(t, score, interventions, sim.joint_state())  # the state the last command led to
     return {"success": score.success, "metrics": score.metrics(), "peak": peak, "interventions": interventions,
             "violations": violations, "states": states, "constraints": constraints}
