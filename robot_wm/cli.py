@@ -31,6 +31,9 @@ learning (CPU, minutes; commands behind the shipped models: models/README.md):
   robot-wm eval --profile real_twin --episodes 200 --seed 0 [--json]
   robot-wm eval --task track --stack --no-policy      the tracking baseline through the safety filter
   robot-wm report sim2real --task track --profiles nominal real_twin worn_heavy
+  robot-wm record --task track --demos 50 --out demos/real_twin [--library --profile real_twin]
+  robot-wm demos inspect demos/real_twin   counts, durations, topics, success, gaps of the bags
+  robot-wm adapt --task track --demos demos/real_twin --out runs/adapted_real_twin [--activate]
 
 Every process robot-wm starts keeps DDS traffic on loopback (config/fastdds_loopback.xml);
 set ROBOT_WM_DDS=system to manage DDS yourself (e.g. robot PC + GPU box).
@@ -281,11 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
     p.set_defaults(func=_cmd_env)
 
+    from robot_wm.learning.demos_cli import add_parsers as add_demo_parsers
     from robot_wm.learning.pipeline import add_parsers
     from robot_wm.learning.report import add_parser as add_report_parser
     from robot_wm.registry_cli import add_parser as add_models_parser
 
     add_parsers(verbs)
+    add_demo_parsers(verbs)
     add_report_parser(verbs)
     add_models_parser(verbs)
     return parser

@@ -380,7 +380,8 @@ class TrackRollouts:
 
 
 def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module, dataset, task,
-                 q_home_rad: np.ndarray, progress: bool = True) -> tuple[Actor, PolicyReport]:
+                 q_home_rad: np.ndarray, progress: bool = True, init_actor: Actor | None = None,
+                 critic_warmup: int = 0) -> tuple[Actor, PolicyReport]:
     """Train the actor and critic in imagination.
 
     Args:
@@ -392,6 +393,10 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
             action limits, start noise.
         q_home_rad: the task's nominal start configuration.
         progress: show a progress bar.
+        init_actor: fine-tune this actor (a copy; its observation normalization is kept) instead
+            of training a new one; the critic is always fresh.
+        critic_warmup: iterations at the start that train only the critic (the actor is held):
+            a fresh critic's values must not steer an actor that already works.
     Returns:
         The trained actor and a report.
     """
@@ -399,9 +404,13 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    mean, std = obs_normalization(dataset, task)
     layout = task_layout(task)
-    actor = build_actor(cfg, task, mean, std, layout, fk)
+    if init_actor is not None:
+        actor = copy.deepcopy(init_actor).train()
+        mean, std = actor.norm.mean.numpy().astype(float), actor.norm.std.numpy().astype(float)
+    else:
+        mean, std = obs_normalization(dataset, task)
+        actor = build_actor(cfg, task, mean, std, layout, fk)
     critic = Critic(ObsNormalizer(mean, std, layout), cfg.hidden)
     target = copy.deepcopy(critic).requires_grad_(False)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
@@ -456,9 +465,10 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         weights = torch.cumprod(torch.cat([torch.ones(1), torch.full((cfg.horizon - 1,), cfg.discount)]), 0).unsqueeze(-1)
         actor_loss = -(weights * (returns + cfg.entropy_coef * torch.stack(entropies))).mean()
         actor_opt.zero_grad()
-        actor_loss.backward()
-        nn.utils.clip_grad_norm_(actor.parameters(), cfg.grad_clip)
-        actor_opt.step()
+        if it >= critic_warmup:
+            actor_loss.backward()
+            nn.utils.clip_grad_norm_(actor.parameters(), cfg.grad_clip)
+            actor_opt.step()
 
         critic_loss = 0.5 * ((critic(obs_all[:-1].detach()) - returns.detach()) ** 2 * weights).mean()
         critic_opt.zero_grad()

@@ -320,9 +320,27 @@ class WorldModel(nn.Module):
         means, ale = self.members_physical(q_rad, qdot_radps, action_radps, qdot_history_radps)
         mean = means.mean(0)
         epistemic = means.var(0, unbiased=False)
+        scale = self._buffers.get("variance_scale")
+        if scale is not None:  # recalibrated on real data (robot-wm adapt); absent in a model never recalibrated
+            return Prediction(mean[:, :_Q.stop], mean[:, _QD.start:], epistemic * scale, ale.mean(0) * scale)
         # the exported graph traces this line: the open-ended qdot slice keeps its Slice op (end INT64_MAX)
         # as in the shipped models, so that a re-export reproduces their bytes
         return Prediction(mean[:, :_Q.stop], mean[:, _QD.start:], epistemic, ale.mean(0))
+
+    def set_variance_scale(self, scale) -> None:
+        """Scale both predicted variances per state component (``None``: remove the scale). Set by
+        the recalibration of ``robot-wm adapt``; exported in the graph as ``variance_scale``."""
+        if scale is None:
+            self._buffers.pop("variance_scale", None)
+            return
+        value = torch.as_tensor(scale, dtype=torch.float32).reshape(STATE_DIM).clone()
+        if not bool(torch.all(torch.isfinite(value) & (value > 0))):
+            raise ValueError(f"variance scale {value.tolist()}: expected finite positive values")
+        self._buffers.pop("variance_scale", None)
+        self.register_buffer("variance_scale", value)
+
+    def variance_scale_or_none(self) -> torch.Tensor | None:
+        return self._buffers.get("variance_scale")
 
     def forward(self, q_rad: torch.Tensor, qdot_radps: torch.Tensor, action_radps: torch.Tensor, *rest: torch.Tensor):
         """The exported graph: (next_q_rad, next_qdot_radps, epistemic_var, aleatoric_var)."""
@@ -438,6 +456,8 @@ def load_checkpoint(path: Path) -> tuple[WorldModel, dict[str, Any]]:
     raw = dict(record["config"])
     raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
     model = WorldModel(WorldModelConfig(**raw), record["joint_names"], record["dt_s"])
+    if "variance_scale" in record["state_dict"]:
+        model.set_variance_scale(record["state_dict"]["variance_scale"])
     model.load_state_dict(record["state_dict"])
     return model.eval(), record
 

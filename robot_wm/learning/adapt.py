@@ -1,0 +1,621 @@
+"""``robot-wm adapt``: carry a model set across the sim-to-real gap with recorded demonstrations.
+
+Given a base model set (world model + policy, e.g. the shipped domain-randomized one) and a
+directory of demonstration bags from the real arm (``robot-wm record``):
+
+1. **Load** the demonstrations (``robot_wm.learning.demos.load_demos``: every bag checked, resampled
+   on the control period) and split them **by episode** into training and held-out episodes.
+2. **Fine-tune the world model** from the base set's weights (read back from its ONNX graph and
+   checked against it: ``world_model_from_onnx``): the Gaussian NLL of the ensemble on batches that
+   are ``demo_share`` demonstration transitions and the rest **replayed simulator data** (a fresh
+   domain-randomized collection, so that the model does not forget the states the demonstrations
+   never visit), early-stopped per member on the held-out real episodes.
+3. **Recalibrate its uncertainty** on the held-out real episodes: one variance scale per state
+   component so that the 90 % interval covers 90 % of the held-out one-step errors (the scale is
+   part of the exported graph: the filter and the trust monitor see calibrated variances).
+4. **Fine-tune the policy inside the adapted model's imagination** with the same limit-aware
+   actor-critic as ``robot-wm train policy``, starting from the base policy's actor (read back from
+   its ONNX graph, checked), a fresh critic warmed up first, imagined rollouts starting from the
+   recorded real states.
+5. **Export** both (ONNX + sidecars with the lineage: the parent set, the demonstrations' bag
+   hashes, the replay data's hash, the command) and **evaluate**: the world model's one-step errors
+   and interval coverage on the held-out real episodes before and after; the whole stack
+   (``eval --stack``) on the recorded profile before and after, when the demonstrations come from
+   a simulator profile.
+
+The numbers go to a JSON report (``adapt.json`` in the output set) and a PNG. Torch runs here only;
+the nodes run the exported ONNX files.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from robot_wm.learning.data import Dataset
+from robot_wm.learning.world_model import WorldModel, WorldModelConfig
+from robot_wm.learning.world_model_training import _gaussian_nll, make_transitions
+
+Z90 = 1.6448536269514722
+
+
+class AdaptError(ValueError):
+    """Adaptation cannot run on these inputs (too few demos, a base set that does not load, ...)."""
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """Settings of ``adapt`` (config/training.yaml, section ``adapt``)."""
+
+    holdout_fraction: float = 0.2  # share of the demonstration EPISODES held out (at least one)
+    wm_epochs: int = 40  # upper bound; one epoch = the demonstration transitions once (plus replay)
+    wm_lr: float = 3e-4
+    wm_batch: int = 256  # per member
+    wm_patience: int = 6
+    demo_share: float = 0.5  # share of each batch drawn from the demonstrations (rest: simulator replay)
+    replay_transitions: int = 25_600  # simulator replay collected for the run (0: no replay)
+    recalibrate: bool = True
+    policy_iterations: int = 300
+    policy_actor_lr: float = 1e-4
+    critic_warmup: int = 50  # iterations that train the fresh critic before the actor moves
+    real_start_fraction: float = 1.0  # imagination starts from recorded real states (rest: replay)
+    eval_episodes: int = 32
+    eval_seed: int = 1000  # not the demonstrations' seed: the evaluation paths are new
+    threads: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.holdout_fraction < 1.0:
+            raise ValueError(f"adapt.holdout_fraction={self.holdout_fraction}: expected a value in (0, 1)")
+        if not 0.0 < self.demo_share <= 1.0:
+            raise ValueError(f"adapt.demo_share={self.demo_share}: expected a value in (0, 1]")
+        for name in ("wm_epochs", "wm_batch", "wm_patience", "threads"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"adapt.{name}={getattr(self, name)}: expected an integer >= 1")
+        for name in ("replay_transitions", "policy_iterations", "critic_warmup", "eval_episodes", "seed"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"adapt.{name}={getattr(self, name)}: expected an integer >= 0")
+        if not 0.0 <= self.real_start_fraction <= 1.0:
+            raise ValueError(f"adapt.real_start_fraction={self.real_start_fraction}: expected a value in [0, 1]")
+
+
+# ------------------------------------------------------------------------------ models from ONNX
+def _initializers(path: Path) -> list[tuple[str, np.ndarray]]:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    return [(i.name, numpy_helper.to_array(i)) for i in model.graph.initializer]
+
+
+def world_model_from_onnx(path: Path) -> WorldModel:
+    """Rebuild the torch ensemble a world_model.onnx was exported from (weights, normalization,
+    variance scale), checked against the ONNX graph on random inputs."""
+    from robot_wm.core.onnx_model import read_sidecar
+
+    path = Path(path)
+    side = read_sidecar(path)
+    raw = dict(side.get("config") or {})
+    if not raw:
+        raise AdaptError(f"{path}: the sidecar has no training config: cannot rebuild the ensemble to fine-tune it")
+    raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+    model = WorldModel(WorldModelConfig(**raw), side["joint_names"], float(side["dt_s"]))
+    inits = _initializers(path)
+    named = dict(inits)
+    state = model.state_dict()
+    if "variance_scale" in named:
+        model.set_variance_scale(torch.as_tensor(np.array(named["variance_scale"])))
+        state = model.state_dict()
+    anonymous = [a for n, a in inits if n not in state]
+    biases = [k for k in state if k.endswith(".bias")]  # hidden.0 .. head, in order (traced as Add constants)
+    new_state = {}
+    for key, value in state.items():
+        if key in named:
+            new_state[key] = torch.as_tensor(np.array(named[key])).reshape(value.shape)
+        elif key in biases and anonymous and anonymous[0].size == value.numel():
+            new_state[key] = torch.as_tensor(np.array(anonymous.pop(0))).reshape(value.shape)
+        else:
+            raise AdaptError(f"{path}: parameter {key} {tuple(value.shape)} not found in the ONNX graph")
+    model.load_state_dict(new_state)
+    model.eval()
+    _check_world_model_parity(model, path)
+    return model
+
+
+def _check_world_model_parity(model: WorldModel, path: Path, tol: float = 1e-4) -> None:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    b, h = 16, model.action_history
+    q = rng.uniform(-1, 1, (b, 6)).astype(np.float32)
+    qd = rng.uniform(-1, 1, (b, 6)).astype(np.float32)
+    a = rng.uniform(-1, 1, (b, h, 6)).astype(np.float32)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"q_rad": q, "qdot_radps": qd, "action_radps": a})
+    with torch.no_grad():
+        want = [x.numpy() for x in model(torch.from_numpy(q), torch.from_numpy(qd), torch.from_numpy(a))]
+    for name, g, w in zip(("next_q_rad", "next_qdot_radps", "epistemic_var", "aleatoric_var"), got, want):
+        err = float(np.max(np.abs(g - w) / (np.abs(w) + 1e-3)))
+        if err > tol:
+            raise AdaptError(f"{path}: the rebuilt ensemble differs from the ONNX graph in {name} (relative {err:.2e})")
+
+
+def policy_from_onnx(path: Path, task_name: str):
+    """Rebuild the policy's Actor (prior, cap, normalization inside) from its ONNX graph, checked."""
+    import onnxruntime as ort
+
+    from robot_wm import description
+    from robot_wm.core.onnx_model import read_sidecar
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.policy import PolicyConfig, build_actor
+    from robot_wm.learning.torch_kinematics import TorchToolFK
+
+    path = Path(path)
+    side = read_sidecar(path)
+    if side.get("task") != task_name:
+        raise AdaptError(f"{path}: a policy for task {side.get('task')!r}, not {task_name!r}")
+    if not side.get("config"):
+        raise AdaptError(f"{path}: the sidecar has no training config: cannot rebuild the actor to fine-tune it")
+    task = get_task(task_name).spec
+    urdf = description.expand()
+    names = description.joint_limits(urdf).names
+    layout = {k: slice(*v) for k, v in side["obs_layout"].items()}
+    norm = side["normalization"]
+    cfg = PolicyConfig(**side["config"])
+    actor = build_actor(cfg, task, np.array(norm["obs_mean"]), np.array(norm["obs_std"]), layout,
+                        TorchToolFK(urdf, names), side["action_limit_radps"])
+    named = dict(_initializers(path))
+    state = actor.state_dict()
+    learned = [k for k in state if k.startswith("net.") or k.startswith("norm.")]
+    missing = [k for k in learned if k not in named]
+    if missing:
+        raise AdaptError(f"{path}: actor parameter(s) {', '.join(missing)} not in the ONNX graph")
+    state.update({k: torch.as_tensor(np.array(named[k])).reshape(state[k].shape) for k in learned})
+    actor.load_state_dict(state)
+    actor.eval()
+    rng = np.random.default_rng(0)
+    width = actor.norm.mean.numel()
+    obs = np.concatenate([rng.uniform(-1, 1, (8, 12)), rng.uniform(0.2, 0.5, (8, width - 12))], 1).astype(np.float32)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"obs": obs})[0]
+    with torch.no_grad():
+        want = actor(torch.from_numpy(obs)).numpy()
+    if float(np.max(np.abs(got - want))) > 1e-4:
+        raise AdaptError(f"{path}: the rebuilt actor differs from the ONNX graph by {np.max(np.abs(got - want)):.2e} rad/s")
+    return actor, cfg, side
+
+
+# ------------------------------------------------------------------------------ world model
+@dataclass
+class FinetuneReport:
+    epochs_run: int
+    best_epoch: list[int]
+    initial_holdout_nll: float
+    best_holdout_nll: list[float]
+    holdout_nll: list[float] = field(default_factory=list)
+    variance_scale: list[float] | None = None
+    seconds: float = 0.0
+
+
+def finetune_world_model(model: WorldModel, train: Dataset, hold: Dataset, replay: Dataset | None, cfg: AdaptConfig,
+                         progress: bool = True) -> tuple[WorldModel, FinetuneReport]:
+    """Fine-tune a copy of ``model`` on ``train`` (+ ``replay``), early-stopped on ``hold`` (see the module docstring)."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    model = copy.deepcopy(model).train()
+    gen = torch.Generator().manual_seed(cfg.seed)
+    h, k = model.action_history, model.config.qdot_history
+
+    def normalized(data: Dataset):
+        tr = make_transitions(data, h, k)
+        x = (model.features(*tr.inputs()) - model.feature_mean) / model.feature_std
+        y = (tr.delta() - model.delta_mean) / model.delta_std
+        return x.detach(), y.detach()
+
+    x_demo, y_demo = normalized(train)
+    x_hold, y_hold = normalized(hold)
+    x_rep, y_rep = normalized(replay) if replay is not None and cfg.demo_share < 1.0 else (None, None)
+    m, bs = model.members, cfg.wm_batch
+    n_demo_b = bs if x_rep is None else max(1, int(round(cfg.demo_share * bs)))
+    n_rep_b = bs - n_demo_b
+    batches = max(1, int(math.ceil(x_demo.shape[0] / n_demo_b)))
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.wm_lr)
+
+    def hold_nll() -> torch.Tensor:
+        with torch.no_grad():
+            mean, logvar = model.members_normalized(x_hold)
+            return _gaussian_nll(mean, logvar, y_hold)
+
+    model.eval()
+    best = hold_nll()
+    report = FinetuneReport(0, [0] * m, float(best.mean()), best.tolist())
+    best_state = copy.deepcopy(model.state_dict())
+    stale = 0
+    bar = tqdm(range(1, cfg.wm_epochs + 1), desc="adapt world model", unit="epoch", disable=not progress, file=sys.stderr)
+    for epoch in bar:
+        model.train()
+        for _ in range(batches):
+            idx = torch.randint(0, x_demo.shape[0], (m, n_demo_b), generator=gen)
+            xb, yb = x_demo[idx], y_demo[idx]
+            if n_rep_b:
+                ridx = torch.randint(0, x_rep.shape[0], (m, n_rep_b), generator=gen)
+                xb, yb = torch.cat([xb, x_rep[ridx]], 1), torch.cat([yb, y_rep[ridx]], 1)
+            mean, logvar = model.members_normalized(xb)
+            loss = _gaussian_nll(mean, logvar, yb).sum()
+            loss = loss + model.config.logvar_bound_weight * (model.max_logvar.sum() - model.min_logvar.sum())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        model.eval()
+        nll = hold_nll()
+        improved = nll < best
+        if improved.any():
+            for key, value in model.named_parameters():
+                best_state[key][improved] = value.detach()[improved]
+            for i in torch.nonzero(improved).flatten().tolist():
+                report.best_epoch[i] = epoch
+            best = torch.where(improved, nll, best)
+            stale = 0
+        else:
+            stale += 1
+        report.holdout_nll.append(float(nll.mean()))
+        report.epochs_run = epoch
+        bar.set_postfix(holdout_nll=f"{float(nll.mean()):.3f}")
+        if stale >= cfg.wm_patience:
+            break
+    bar.close()
+    model.load_state_dict(best_state)
+    model.eval()
+    report.best_holdout_nll = best.tolist()
+    if cfg.recalibrate:
+        scale = variance_scale(model, hold)
+        model.set_variance_scale(scale)
+        report.variance_scale = [round(float(s), 4) for s in scale]
+    report.seconds = round(time.perf_counter() - started, 2)
+    return model, report
+
+
+def variance_scale(model: WorldModel, hold: Dataset) -> torch.Tensor:
+    """Per state component s: the 90 % interval of variance s·(epistemic + aleatoric) covers 90 %
+    of the held-out one-step errors (s = (q90 |z| / 1.645)², z the standardized error)."""
+    tr = make_transitions(hold, model.action_history, model.config.qdot_history)
+    previous = model.variance_scale_or_none()
+    model.set_variance_scale(None)
+    with torch.no_grad():
+        p = model.predict(*tr.inputs())
+    model.set_variance_scale(previous)
+    mean = torch.cat([p.next_q_rad, p.next_qdot_radps], -1)
+    truth = torch.cat([tr.next_q_rad, tr.next_qdot_radps], -1)
+    z = ((truth - mean).abs() / torch.sqrt(p.epistemic_var + p.aleatoric_var).clamp_min(1e-12)).double()
+    q90 = torch.quantile(z, 0.9, dim=0)
+    return ((q90 / Z90) ** 2).clamp(1e-2, 1e4).float()
+
+
+# ------------------------------------------------------------------------------ the whole run
+def _collect_replay(n: int, seed: int, progress: bool) -> Dataset | None:
+    from robot_wm.core.task import load_task
+    from robot_wm.learning.data import CollectConfig, collect, load_randomization
+    from robot_wm.paths import config_path
+
+    if n <= 0:
+        return None
+    ranges = load_randomization(config_path("training.yaml")) or None
+    return collect(CollectConfig(transitions=n, seed=seed), load_task(), ranges, progress=progress)
+
+
+def _stack_eval(models_dir: Path, task: str, profile: str, episodes: int, seed: int) -> dict:
+    from robot_wm import description
+    from robot_wm.core.policy_runner import PolicyRunner
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.stack_eval import evaluate_stack
+
+    t = get_task(task)
+    names = description.joint_limits(description.expand()).names
+    policy = PolicyRunner(Path(models_dir) / "policy.onnx", names, t.control_dt_s, t.action_limit_radps, task=task)
+    rep = evaluate_stack(policy, profile, episodes, seed, task=t, models_dir=Path(models_dir))
+    d = rep.to_dict()
+    keys = ("success_rate", "tracking_rms_m_median", "tracking_rms_m_p90", "tracking_max_m_median", "final_error_m_median",
+            "intervention_rate", "violations")
+    return {k: d[k] for k in keys if k in d} | {"episodes": episodes, "seed": seed, "wall_s": round(rep.wall_s, 1)}
+
+
+def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = AdaptConfig(), *,
+          evaluate: bool = True, progress: bool = True, command: str = "") -> dict[str, Any]:
+    """Run the whole adaptation (module docstring); returns the report (also ``out/adapt.json``)."""
+    from robot_wm import description
+    from robot_wm.bags import BagError
+    from robot_wm.core.onnx_model import read_sidecar
+    from robot_wm.learning.demos import load_demos
+    from robot_wm.learning.pipeline import WorldModelDynamics
+    from robot_wm.learning.policy import export_policy, train_policy
+    from robot_wm.learning.torch_kinematics import TorchToolFK
+    from robot_wm.learning.world_model import export_world_model
+    from robot_wm.learning.world_model_eval import evaluate_world_model
+    from robot_wm.core.tasks import get_task
+    from robot_wm.sim import ProfileError, load_profile
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        base, out = Path(base), Path(out)
+        data, metas, shas = load_demos(demos, task=task)
+        if data.n_episodes < 2:
+            raise AdaptError(f"{demos}: {data.n_episodes} demonstration(s): adapt needs at least 2 (one held out)")
+        robots = sorted(set(data.profiles))
+        train, hold = data.split(cfg.holdout_fraction, cfg.seed)
+        base_wm = world_model_from_onnx(base / "world_model.onnx")
+        actor, pcfg, pside = policy_from_onnx(base / "policy.onnx", task)
+        if tuple(base_wm.joint_names) != tuple(data.joint_names) or abs(base_wm.dt_s - data.dt_s) > 1e-9:
+            raise AdaptError(f"{base}: world model for joints {base_wm.joint_names} at {base_wm.dt_s} s; the demos "
+                             f"are {data.joint_names} at {data.dt_s} s")
+        replay = _collect_replay(cfg.replay_transitions, cfg.seed + 7, progress)
+        wm, wm_report = finetune_world_model(base_wm, train, hold, replay, cfg, progress)
+        wm_before = evaluate_world_model(base_wm, hold, horizons=(10, 50))
+        wm_after = evaluate_world_model(wm, hold, horizons=(10, 50))
+        t_wm = time.perf_counter() - wall0
+
+        urdf = description.expand()
+        names = description.joint_limits(urdf).names
+        spec = get_task(task).spec
+        starts = data if replay is None or cfg.real_start_fraction >= 1.0 else _mix_starts(data, replay, cfg)
+        pol_report = None
+        new_actor = actor
+        if cfg.policy_iterations > 0:
+            policy_cfg = dataclasses.replace(pcfg, iterations=cfg.policy_iterations, actor_lr=cfg.policy_actor_lr,
+                                             seed=cfg.seed)
+            new_actor, pol_report = train_policy(policy_cfg, WorldModelDynamics(wm), TorchToolFK(urdf, names), starts,
+                                                 spec, description.initial_positions(names), progress=progress,
+                                                 init_actor=actor, critic_warmup=cfg.critic_warmup)
+        else:
+            policy_cfg = pcfg
+        train_wall, train_cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+
+        out.mkdir(parents=True, exist_ok=True)
+        lineage_sha = _lineage_sha(shas, replay)
+        wm_side = read_sidecar(base / "world_model.onnx")
+        wm_path = export_world_model(wm, out / "world_model.onnx", lineage_sha,
+                                     metrics={"adapt": {"holdout_before": wm_before["one_step"], "holdout_after": wm_after["one_step"],
+                                                        "coverage90_before": wm_before["calibration"]["coverage90"],
+                                                        "coverage90_after": wm_after["calibration"]["coverage90"]},
+                                              "command": command},
+                                     version=f"wm-{lineage_sha[:8]}-s{cfg.seed}-{{onnx_sha8}}", training_command=command)
+        _add_lineage(wm_path, wm_side.get("version"), shas, replay, metas)
+        pol_path = export_policy(new_actor, out / "policy.onnx", joint_names=names, task=spec,
+                                 dataset_sha256=lineage_sha, version=f"policy-{lineage_sha[:8]}-s{cfg.seed}-{{onnx_sha8}}",
+                                 metrics={"adapt_imagined_final_distance_m": pol_report.final_imagined_distance_m
+                                          if pol_report else None},
+                                 config=policy_cfg, training_command=command)
+        _add_lineage(pol_path, pside.get("version"), shas, replay, metas)
+
+        report: dict[str, Any] = {
+            "task": task, "demos": str(demos), "episodes": data.n_episodes, "train_episodes": train.n_episodes,
+            "holdout_episodes": hold.n_episodes, "robots": robots, "sources": sorted({m.source for m in metas}),
+            "base": str(base), "out": str(out),
+            "base_versions": {"world_model": wm_side.get("version"), "policy": pside.get("version")},
+            "versions": {"world_model": read_sidecar(wm_path)["version"], "policy": read_sidecar(pol_path)["version"]},
+            "world_model": {"before": wm_before, "after": wm_after, "finetune": dataclasses.asdict(wm_report)},
+            "policy": dataclasses.asdict(pol_report) if pol_report else None,
+            "config": dataclasses.asdict(cfg),
+            "timing": {"world_model_wall_s": round(t_wm, 1), "train_wall_s": round(train_wall, 1),
+                       "train_cpu_s": round(train_cpu, 1), "threads": cfg.threads},
+            "demo_bag_sha256": shas,
+            "replay_sha256": replay.sha256 if replay is not None else None,
+        }
+        if evaluate and cfg.eval_episodes > 0:
+            stack: dict[str, Any] = {}
+            for robot in robots:
+                try:
+                    load_profile(robot)
+                except ProfileError:
+                    stack[robot] = {"skipped": f"{robot!r} is not a simulator profile (hardware): evaluate on the arm"}
+                    continue
+                stack[robot] = {"before": _stack_eval(base, task, robot, cfg.eval_episodes, cfg.eval_seed),
+                                "after": _stack_eval(out, task, robot, cfg.eval_episodes, cfg.eval_seed)}
+            stack["nominal_reference"] = _stack_eval(base, task, "nominal", cfg.eval_episodes, cfg.eval_seed)
+            report["stack"] = stack
+        report["timing"]["total_wall_s"] = round(time.perf_counter() - wall0, 1)
+        (out / "adapt.json").write_text(json.dumps(report, indent=1, default=_json_default))
+        return report
+    except BagError:
+        raise
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _mix_starts(data: Dataset, replay: Dataset, cfg: AdaptConfig) -> Dataset:
+    """Start states: real episodes plus a share of replay episodes cropped to the same length."""
+    n_rep = int(round(data.n_episodes * (1 - cfg.real_start_fraction) / max(cfg.real_start_fraction, 1e-6)))
+    t = min(data.n_steps, replay.n_steps)
+    crop = lambda d, idx: Dataset(d.q_rad[idx, :t + 1], d.qdot_radps[idx, :t + 1], d.action_radps[idx, :t],  # noqa: E731
+                                  d.tool_m[idx, :t + 1], d.joint_names, d.dt_s, tuple(d.profiles[i] for i in idx))
+    return Dataset.concatenate([crop(data, np.arange(data.n_episodes)),
+                                crop(replay, np.arange(min(n_rep, replay.n_episodes)))])
+
+
+def _lineage_sha(bag_shas: list[str], replay: Dataset | None) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for s in sorted(bag_shas):
+        digest.update(s.encode())
+    digest.update((replay.sha256 if replay is not None else "no-replay").encode())
+    return digest.hexdigest()
+
+
+def _add_lineage(onnx_path: Path, parent: str | None, shas: list[str], replay: Dataset | None, metas) -> None:
+    """The sidecar's lineage block: the parent version, the data it was adapted on."""
+    side_path = onnx_path.with_suffix(".json")
+    side = json.loads(side_path.read_text())
+    side["lineage"] = {"parent_version": parent, "demo_bag_sha256": sorted(shas),
+                       "demo_robots": sorted({m.robot for m in metas}),
+                       "replay_dataset_sha256": replay.sha256 if replay is not None else None}
+    side_path.write_text(json.dumps(side, indent=2))
+
+
+def _json_default(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(type(x).__name__)
+
+
+# ------------------------------------------------------------------------------ report and CLI
+def write_png(report: dict[str, Any], path: Path) -> Path:
+    """World-model error and coverage on the held-out real episodes, and the stack's task metrics,
+    before and after adaptation (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wm = report["world_model"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    joints = np.arange(6)
+    for k, (label, color) in enumerate((("before", "#999999"), ("after", "#1f77b4"))):
+        axes[0].bar(joints + (k - 0.5) * 0.38, wm[label]["one_step"]["rmse_qdot_radps_per_joint"], 0.38, label=label, color=color)
+    axes[0].set(title="world model: one-step q̇ error (held-out real episodes)", xlabel="joint", ylabel="RMSE (rad/s)")
+    axes[0].legend()
+    cov = [wm["before"]["calibration"]["coverage90"], wm["after"]["calibration"]["coverage90"]]
+    axes[1].bar(["before", "after"], cov, color=["#999999", "#1f77b4"])
+    axes[1].axhline(0.9, color="k", ls="--", lw=1, label="target 0.9")
+    axes[1].set(title="90 % interval coverage (held-out)", ylim=(0, 1.05))
+    axes[1].legend(loc="lower right")
+    stack = {k: v for k, v in (report.get("stack") or {}).items() if isinstance(v, dict) and "before" in v}
+    if stack:
+        names, x = list(stack), np.arange(len(stack))
+        for k, (label, color) in enumerate((("before", "#999999"), ("after", "#1f77b4"))):
+            axes[2].bar(x + (k - 0.5) * 0.38, [100 * stack[n][label]["success_rate"] for n in names], 0.38, label=label,
+                        color=color)
+        ref = report["stack"].get("nominal_reference")
+        if ref:
+            axes[2].axhline(100 * ref["success_rate"], color="g", ls="--", lw=1, label="base set on nominal")
+        axes[2].set_xticks(x, names)
+        axes[2].set(title=f"stack success ({report['task']}, {next(iter(stack.values()))['after']['episodes']} episodes)",
+                    ylabel="%", ylim=(0, 105))
+        axes[2].legend(loc="lower right")
+    else:
+        axes[2].text(0.5, 0.5, "no simulator evaluation\n(demos from hardware, or --no-eval)", ha="center", va="center")
+        axes[2].set_axis_off()
+    fig.suptitle(f"robot-wm adapt: {report['episodes']} demos ({', '.join(report['robots'])}) -> {report['versions']['policy']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def default_base(task: str) -> Path:
+    """The base set when none is given: the active set of the task in the registry, else the shipped one."""
+    from robot_wm.paths import data_path
+
+    try:
+        from robot_wm import registry
+
+        active = registry.Registry().active(task)
+        if active is not None:
+            return Path(active.path)
+    except Exception:  # noqa: BLE001 - no usable registry: the shipped set
+        pass
+    return Path(data_path("models", must_exist=False)) if task == "reach" else Path(data_path("models", "track", must_exist=False))
+
+
+def register(out: Path, task: str, base: Path, report: dict[str, Any], *, activate: bool, command: str) -> dict:
+    """Add the adapted set to the model registry, its parent = the registered set the base is."""
+    from robot_wm import registry
+    from robot_wm.core.onnx_model import sha256_file
+
+    reg = registry.Registry()
+    reg.ensure_shipped()
+    base_policy = sha256_file(Path(base) / "policy.onnx")
+    parent = next((i.version for i in reg.list(task) if i.files.get("policy.onnx") == base_policy), None)
+    metrics = {"world_model_holdout": {k: report["world_model"][k]["one_step"] for k in ("before", "after")},
+               "coverage90": {k: report["world_model"][k]["calibration"]["coverage90"] for k in ("before", "after")},
+               "stack": report.get("stack")}
+    info = reg.add(out, task, parent=parent, activate=activate,
+                   lineage={"training_data": {"sim_dataset_sha256": report.get("replay_sha256"),
+                                              "demo_bags_sha256": report["demo_bag_sha256"]},
+                            "command": command, "metrics": metrics, "base": str(base), "robots": report["robots"]})
+    return {"version": info.version, "parent": parent, "active": bool(activate)}
+
+
+def cmd_adapt(args) -> int:
+    from robot_wm.bags import BagError
+    from robot_wm.learning.config import ConfigError, load_section
+    from robot_wm.learning.provenance import command_line
+    from robot_wm.paths import config_path
+
+    try:
+        cfg = load_section(Path(args.config) if args.config else config_path("training.yaml"), "adapt", AdaptConfig)
+        overrides = {k: v for k, v in (("policy_iterations", args.policy_iterations), ("wm_epochs", args.wm_epochs),
+                                       ("eval_episodes", args.eval_episodes), ("replay_transitions", args.replay),
+                                       ("threads", args.threads), ("seed", args.seed)) if v is not None}
+        cfg = dataclasses.replace(cfg, **overrides)
+    except (ConfigError, ValueError) as exc:
+        print(f"adapt: {exc}", file=sys.stderr)
+        return 2
+    base = Path(args.base) if args.base else default_base(args.task)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        print(f"adapt: --out {out} exists and is not empty (a model set is written once; choose a new directory)",
+              file=sys.stderr)
+        return 2
+    try:
+        report = adapt(args.task, Path(args.demos), base, out, cfg, evaluate=not args.no_eval,
+                       progress=not args.no_progress, command=command_line())
+    except (BagError, AdaptError, FileNotFoundError) as exc:
+        print(f"adapt: {exc}", file=sys.stderr)
+        return 2
+    from robot_wm.core.onnx_model import ModelError
+
+    png = write_png(report, out / "adapt.png")
+    if args.register or args.activate:
+        try:
+            report["registry"] = register(out, args.task, base, report, activate=args.activate,
+                                          command=command_line())
+        except (ModelError, ValueError, OSError) as exc:
+            print(f"adapt: the model set was written to {out} but not registered: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(report, default=_json_default))
+    else:
+        _print_adapt(report, png)
+    return 0
+
+
+def _print_adapt(r: dict[str, Any], png: Path) -> None:
+    wm = r["world_model"]
+    print(f"adapt {r['task']}: {r['episodes']} demos of {', '.join(r['robots'])} ({r['train_episodes']} train, "
+          f"{r['holdout_episodes']} held out) on {r['base']} -> {r['out']}")
+    print(f"  world model {r['base_versions']['world_model']} -> {r['versions']['world_model']}: one-step q̇ RMSE "
+          f"{wm['before']['one_step']['rmse_qdot_radps']:.4f} -> {wm['after']['one_step']['rmse_qdot_radps']:.4f} rad/s, "
+          f"90 % coverage {wm['before']['calibration']['coverage90']:.2f} -> {wm['after']['calibration']['coverage90']:.2f}")
+    print(f"  policy {r['base_versions']['policy']} -> {r['versions']['policy']}")
+    for robot, row in (r.get("stack") or {}).items():
+        if isinstance(row, dict) and "before" in row:
+            err = "tracking_rms_m_median" if "tracking_rms_m_median" in row["before"] else "final_error_m_median"
+            print(f"  stack on {robot}: success {100 * row['before']['success_rate']:.0f} % -> {100 * row['after']['success_rate']:.0f} %, "
+                  f"{err} {1e3 * row['before'][err]:.2f} -> {1e3 * row['after'][err]:.2f} mm, filter "
+                  f"{100 * row['before']['intervention_rate']:.1f} -> {100 * row['after']['intervention_rate']:.1f} %, "
+                  f"violations {row['after']['violations']}")
+        elif robot == "nominal_reference":
+            print(f"  base set on nominal (the target): success {100 * row['success_rate']:.0f} %")
+        elif isinstance(row, dict):
+            print(f"  {robot}: {row.get('skipped')}")
+    t = r["timing"]
+    print(f"  training {t['train_wall_s']:.0f} s wall, {t['train_cpu_s']:.0f} s CPU ({t['threads']} threads); "
+          f"total {t['total_wall_s']:.0f} s; report {png}")
+    if "registry" in r:
+        print(f"  registered as {r['registry']['version']}{' (active)' if r['registry']['active'] else ''}")
+
