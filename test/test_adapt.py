@@ -155,3 +155,40 @@ def test_adapt_cli_writes_the_set_the_report_and_registers_it(shifted, tmp_path,
         main(["adapt", "--task", "track", "--demos", str(shifted), "--out", str(out), "--no-progress"])
     assert code.value.code == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_validation_keeps_the_best_actor_and_is_deterministic(shifted):
+    """The fine-tune returns the actor its validation scored best: when that is the starting one,
+    the base policy comes back unchanged; the imagined-tracking validation gives the same score
+    for the same actor."""
+    import dataclasses
+
+    from robot_wm import description
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.adapt import ImaginedTracking
+    from robot_wm.learning.pipeline import WorldModelDynamics
+    from robot_wm.learning.policy import train_policy
+    from robot_wm.learning.torch_kinematics import TorchToolFK
+
+    actor, cfg, _ = policy_from_onnx(TRACK / "policy.onnx", "track")
+    wm = world_model_from_onnx(TRACK / "world_model.onnx")
+    data, _, _ = demos.load_demos(shifted)
+    urdf = description.expand()
+    names = description.joint_limits(urdf).names
+    fk = TorchToolFK(urdf, names)
+    spec = get_task("track").spec
+    check = ImaginedTracking(wm, data, spec, fk, n=16, horizon=20)
+    first = check(actor)
+    assert first == check(actor) and 0.0 < first < 0.02
+    calls = []
+
+    def validate(a):  # the first (unchanged) actor scores best
+        calls.append(1)
+        return 0.0 if len(calls) == 1 else 1.0
+
+    small = dataclasses.replace(cfg, iterations=4, batch=32, actor_lr=1e-2)
+    out, report = train_policy(small, WorldModelDynamics(wm), fk, data, spec, description.initial_positions(names),
+                               progress=False, init_actor=actor, validate=validate, validate_every=2)
+    assert [it for it, _ in report.validation] == [0, 2, 4]
+    for (k, a), b in zip(actor.state_dict().items(), out.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=k)

@@ -58,3 +58,35 @@ def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_con
     # the arm moved along the path in the data the loader gives the trainer
     assert np.ptp(data.tool_m[0], axis=0).max() > 0.03
     assert np.abs(data.action_radps).max() > 0.05
+
+
+@pytest.mark.ros
+def test_an_operator_take_over_marks_the_episode_teleop_and_counts_it(ros_context, tmp_path):
+    """The metadata of a window: an active InterventionState inside the episode -> source teleop,
+    a count that rose -> one take-over; SafetyStatus not OK -> filter interventions."""
+    from rclpy.serialization import serialize_message
+
+    from robot_wm.msg import EpisodeResult, InterventionState, SafetyStatus
+    from robot_wm.nodes.recorder import DemoRecorder
+
+    rec = DemoRecorder(tmp_path, 1, task="track", robot="nominal", context=ros_context)
+    try:
+        result = EpisodeResult(task="track", index=3, success=False, error_m=0.007, duration_s=6.0)
+        result.header.stamp.sec = 16
+        start = 10 * 10**9
+
+        def flag(active, count):
+            return serialize_message(InterventionState(active=active, count=count, reason="jog"))
+
+        window = [("/robot_wm/intervention/state", start - 10**8, flag(False, 2)),
+                  ("/robot_wm/safety_status", start + 10**8, serialize_message(SafetyStatus(state=SafetyStatus.FILTERING))),
+                  ("/robot_wm/safety_status", start + 2 * 10**8, serialize_message(SafetyStatus(state=SafetyStatus.OK))),
+                  ("/robot_wm/intervention/state", start + 3 * 10**9, flag(True, 3)),
+                  ("/robot_wm/intervention/state", start + 4 * 10**9, flag(False, 3))]
+        meta = rec._meta(result, start, 16 * 10**9, window)
+        assert (meta.source, meta.interventions, meta.filter_interventions) == ("teleop", 1, 1)
+        assert (meta.index, meta.success, meta.error_m, meta.library) == (3, False, 0.007, False)
+        clean = rec._meta(result, start, 16 * 10**9, window[:3])
+        assert (clean.source, clean.interventions) == ("policy", 0)
+    finally:
+        rec.destroy_node()

@@ -46,6 +46,7 @@ from robot_wm.learning.world_model import WorldModel, WorldModelConfig
 from robot_wm.learning.world_model_training import _gaussian_nll, make_transitions
 
 Z90 = 1.6448536269514722
+SIM_CHECK_TRANSITIONS = 6400  # randomized simulator transitions on which forgetting is measured
 
 
 class AdaptError(ValueError):
@@ -67,6 +68,7 @@ class AdaptConfig:
     policy_iterations: int = 300
     policy_actor_lr: float = 1e-4
     critic_warmup: int = 50  # iterations that train the fresh critic before the actor moves
+    validate_every: int = 25  # policy iterations between two validations (the best actor is kept)
     real_start_fraction: float = 1.0  # imagination starts from recorded real states (rest: replay)
     eval_episodes: int = 32
     eval_seed: int = 1000  # not the demonstrations' seed: the evaluation paths are new
@@ -78,7 +80,7 @@ class AdaptConfig:
             raise ValueError(f"adapt.holdout_fraction={self.holdout_fraction}: expected a value in (0, 1)")
         if not 0.0 < self.demo_share <= 1.0:
             raise ValueError(f"adapt.demo_share={self.demo_share}: expected a value in (0, 1]")
-        for name in ("wm_epochs", "wm_batch", "wm_patience", "threads"):
+        for name in ("wm_epochs", "wm_batch", "wm_patience", "threads", "validate_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"adapt.{name}={getattr(self, name)}: expected an integer >= 1")
         for name in ("replay_transitions", "policy_iterations", "critic_warmup", "eval_episodes", "seed"):
@@ -300,6 +302,57 @@ def variance_scale(model: WorldModel, hold: Dataset) -> torch.Tensor:
     return ((q90 / Z90) ** 2).clamp(1e-2, 1e4).float()
 
 
+# ------------------------------------------------------------------------------ policy validation
+class ImaginedTracking:
+    """The policy fine-tune's validation: a deterministic actor's mean tracking error (m) in the
+    adapted world model (ensemble mean), ``horizon`` periods from fixed states of the held-out real
+    episodes (with the commands before them), on fixed reference paths passing near the start tool
+    position, with the stack's one-period delay between a nominal and the period that executes it.
+    Lower is better; the same starts and paths for every call."""
+
+    def __init__(self, wm: WorldModel, data: Dataset, task, fk, *, n: int = 256, horizon: int = 60, seed: int = 0) -> None:
+        from robot_wm.learning.pipeline import WorldModelDynamics
+
+        rng = np.random.default_rng(seed)
+        h = wm.action_history
+        ep = rng.integers(0, data.n_episodes, n)
+        t = rng.integers(h, data.n_steps - 1, n)
+        self.q = torch.as_tensor(data.q_rad[ep, t], dtype=torch.float32)
+        self.qd = torch.as_tensor(data.qdot_radps[ep, t], dtype=torch.float32)
+        self.hist = torch.as_tensor(np.stack([data.action_radps[ep, t - h + 1 + k] for k in range(h - 1)], 1),
+                                    dtype=torch.float32)
+        self.in_flight = torch.as_tensor(data.action_radps[ep, t - 1], dtype=torch.float32)
+        self.fk, self.task, self.horizon = fk, task, horizon
+        self.dyn = WorldModelDynamics(wm, member="mean")
+        dt = task.control_dt_s
+        offsets = np.asarray(task.preview_s, dtype=float)
+        paths = task.sample_paths(rng, n)
+        t0 = rng.uniform(task.lead_in_s + task.ramp_s, task.episode_s - horizon * dt, size=n)  # on the moving path
+        times = t0[:, None, None] + np.arange(horizon + 1)[None, :, None] * dt + offsets[None, None, :]
+        refs = np.stack([paths.position(i, times[i]) for i in range(n)])
+        with torch.no_grad():
+            tool0 = fk(self.q).numpy()
+        shift = tool0 + 0.003 * rng.standard_normal((n, 3)) - refs[:, 0, 0]  # the arm a few mm off the path
+        self.refs = torch.as_tensor(refs + shift[:, None, None, :], dtype=torch.float32)
+
+    @torch.no_grad()
+    def __call__(self, actor) -> float:
+        from robot_wm.contracts import join_obs
+
+        q, qd, hist, pending = self.q, self.qd, self.hist, self.in_flight
+        tool = self.fk(q)
+        errors = []
+        for k in range(self.horizon):
+            obs = join_obs(q, qd, tool, self.refs[:, k].reshape(q.shape[0], -1), xp=torch)
+            action = actor(obs)
+            actions = torch.cat([hist, pending.unsqueeze(1)], 1)  # this period executes the previous nominal
+            q, qd, _ = self.dyn.step(q, qd, actions)
+            hist, pending = actions[:, 1:], action
+            tool = self.fk(q)
+            errors.append(torch.linalg.norm(tool - self.refs[:, k + 1, 0], dim=-1))
+        return float(torch.stack(errors).mean())
+
+
 # ------------------------------------------------------------------------------ the whole run
 def _collect_replay(n: int, seed: int, progress: bool) -> Dataset | None:
     from robot_wm.core.task import load_task
@@ -362,6 +415,10 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
         wm, wm_report = finetune_world_model(base_wm, train, hold, replay, cfg, progress)
         wm_before = evaluate_world_model(base_wm, hold, horizons=(10, 50))
         wm_after = evaluate_world_model(wm, hold, horizons=(10, 50))
+        # forgetting: the same models on randomized simulator episodes neither saw (another seed)
+        sim_check = _collect_replay(SIM_CHECK_TRANSITIONS, cfg.seed + 11, False)
+        sim_before = evaluate_world_model(base_wm, sim_check, horizons=(10,))["one_step"]
+        sim_after = evaluate_world_model(wm, sim_check, horizons=(10,))["one_step"]
         t_wm = time.perf_counter() - wall0
 
         urdf = description.expand()
@@ -373,9 +430,12 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
         if cfg.policy_iterations > 0:
             policy_cfg = dataclasses.replace(pcfg, iterations=cfg.policy_iterations, actor_lr=cfg.policy_actor_lr,
                                              seed=cfg.seed)
-            new_actor, pol_report = train_policy(policy_cfg, WorldModelDynamics(wm), TorchToolFK(urdf, names), starts,
+            fk = TorchToolFK(urdf, names)
+            validate = ImaginedTracking(wm, hold, spec, fk, seed=cfg.seed) if task == "track" else None
+            new_actor, pol_report = train_policy(policy_cfg, WorldModelDynamics(wm), fk, starts,
                                                  spec, description.initial_positions(names), progress=progress,
-                                                 init_actor=actor, critic_warmup=cfg.critic_warmup)
+                                                 init_actor=actor, critic_warmup=cfg.critic_warmup,
+                                                 validate=validate, validate_every=cfg.validate_every)
         else:
             policy_cfg = pcfg
         train_wall, train_cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -403,7 +463,8 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
             "base": str(base), "out": str(out),
             "base_versions": {"world_model": wm_side.get("version"), "policy": pside.get("version")},
             "versions": {"world_model": read_sidecar(wm_path)["version"], "policy": read_sidecar(pol_path)["version"]},
-            "world_model": {"before": wm_before, "after": wm_after, "finetune": dataclasses.asdict(wm_report)},
+            "world_model": {"before": wm_before, "after": wm_after, "finetune": dataclasses.asdict(wm_report),
+                            "simulator_before": sim_before, "simulator_after": sim_after},
             "policy": dataclasses.asdict(pol_report) if pol_report else None,
             "config": dataclasses.asdict(cfg),
             "timing": {"world_model_wall_s": round(t_wm, 1), "train_wall_s": round(train_wall, 1),
@@ -601,6 +662,8 @@ def _print_adapt(r: dict[str, Any], png: Path) -> None:
     print(f"  world model {r['base_versions']['world_model']} -> {r['versions']['world_model']}: one-step q̇ RMSE "
           f"{wm['before']['one_step']['rmse_qdot_radps']:.4f} -> {wm['after']['one_step']['rmse_qdot_radps']:.4f} rad/s, "
           f"90 % coverage {wm['before']['calibration']['coverage90']:.2f} -> {wm['after']['calibration']['coverage90']:.2f}")
+    print(f"  on simulator episodes (forgetting): one-step q̇ RMSE {wm['simulator_before']['rmse_qdot_radps']:.4f} -> "
+          f"{wm['simulator_after']['rmse_qdot_radps']:.4f} rad/s")
     print(f"  policy {r['base_versions']['policy']} -> {r['versions']['policy']}")
     for robot, row in (r.get("stack") or {}).items():
         if isinstance(row, dict) and "before" in row:

@@ -24,8 +24,9 @@ Read top to bottom: config, networks, imagination rollout, λ-returns, the train
 from __future__ import annotations
 
 import copy
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -296,6 +297,7 @@ class PolicyReport:
     final_imagined_distance_m: float
     final_disagreement: float
     history: list[dict]
+    validation: list = field(default_factory=list)  # (iteration, score) when train_policy validated
 
 
 def obs_normalization(dataset, task) -> tuple[np.ndarray, np.ndarray]:
@@ -381,7 +383,7 @@ class TrackRollouts:
 
 def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module, dataset, task,
                  q_home_rad: np.ndarray, progress: bool = True, init_actor: Actor | None = None,
-                 critic_warmup: int = 0) -> tuple[Actor, PolicyReport]:
+                 critic_warmup: int = 0, validate=None, validate_every: int = 25) -> tuple[Actor, PolicyReport]:
     """Train the actor and critic in imagination.
 
     Args:
@@ -397,6 +399,10 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
             of training a new one; the critic is always fresh.
         critic_warmup: iterations at the start that train only the critic (the actor is held):
             a fresh critic's values must not steer an actor that already works.
+        validate: ``validate(actor) -> score`` (lower is better), called before the first update,
+            every ``validate_every`` iterations and at the end; the actor with the best score is
+            returned (so a fine-tune never returns an actor its validation finds worse than the
+            one it started from). The scores are in the report's ``validation``.
     Returns:
         The trained actor and a report.
     """
@@ -432,9 +438,26 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     a_hist = np.stack([dataset.action_radps[:, k:dataset.n_steps - (H - 1) + k] for k in range(H - 1)], axis=2) if H > 1 else None
     hist_data = torch.as_tensor(a_hist.reshape(-1, H - 1, N_JOINTS), dtype=torch.float32) if H > 1 else None
     history = []
+    validation: list[tuple[int, float]] = []
+    best_score, best_actor = math.inf, None
+
+    def checkpoint(it: int) -> None:
+        nonlocal best_score, best_actor
+        if validate is None:
+            return
+        actor.eval()
+        with torch.no_grad():
+            score = float(validate(actor))
+        actor.train()
+        validation.append((it, score))
+        if score < best_score:
+            best_score, best_actor = score, copy.deepcopy(actor.state_dict())
+
     started = time.perf_counter()
     bar = tqdm(range(cfg.iterations), desc=f"train policy ({task_name(task)})", unit="it", disable=not progress)
     for it in bar:
+        if it % validate_every == 0 and it >= critic_warmup:
+            checkpoint(it)
         q, qd, hist = _starts(cfg, rng, q_data, qd_data, hist_data, q_home_rad, task, H)
         tool = fk(q)
         rollouts.start(rng, tool)
@@ -485,11 +508,14 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
             history.append(row)
             bar.set_postfix(dist=f"{row['distance_m']:.3f}", ret=f"{row['return']:.2f}")
     bar.close()
+    checkpoint(cfg.iterations)
+    if best_actor is not None:
+        actor.load_state_dict(best_actor)
     for p in dynamics_params:
         p.requires_grad_(True)
     last = history[-1]
     report = PolicyReport(cfg.iterations, round(time.perf_counter() - started, 1), last["return"], last["distance_m"],
-                          last["disagreement"], history)
+                          last["disagreement"], history, validation)
     return actor.eval(), report
 
 

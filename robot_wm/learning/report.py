@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     randomized = Path(args.randomized) if args.randomized else _shipped(args.task, data_path)
     if randomized is not None:
         rows.append(("domain-randomized policy", randomized))
-    rows += [(f"adapted: {Path(m).name}", Path(m)) for m in args.models]
+    rows += [(_adapted_label(Path(m)), Path(m)) for m in args.models]
     if not args.no_baseline:
         rows.append(("scripted baseline", None))
     if not rows:
@@ -172,6 +172,15 @@ def run(args: argparse.Namespace) -> int:
     print(format_markdown(doc))
     print(f"report: {Path(args.out) / f'sim2real_{args.task}'}.{{md,json,png}}")
     return 0
+
+
+def _adapted_label(models: Path) -> str:
+    """"adapted on 50 real_twin demos (DIR)" from the set's adapt.json, else "adapted: DIR"."""
+    try:
+        rep = json.loads((models / "adapt.json").read_text())
+        return f"adapted on {rep['episodes']} {'+'.join(rep['robots'])} demos ({models.name})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"adapted: {models.name}"
 
 
 def _shipped(task: str, data_path) -> Path | None:
