@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--policy-iterations", type=int, default=None)
     ap.add_argument("--out", default=str(REPO / "out" / "bench_adapt"))
+    ap.add_argument("--ablation", type=int, default=25, help="also adapt the first profile's first N demos "
+                    "without simulator replay, without the policy fine-tune, and without its validation (0: skip)")
     ap.add_argument("--json", action="store_true", help="only the JSON line")
     args = ap.parse_args()
     out = Path(args.out)
@@ -104,11 +106,48 @@ def main() -> int:
                 f" -> {wm['after']['one_step']['rmse_qdot_radps']:.4f}, coverage {wm['after']['calibration']['coverage90']:.2f})",
                 flush=True)
         result["profiles"][profile] = rows
+    if args.ablation:
+        result["ablation"] = _ablation(out, base, cfg, args.profiles[0], args.ablation, args.eval_episodes, say)
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_curve.json").write_text(json.dumps(result, indent=1))
     _plot(result, out / "learning_curve.png")
     print(json.dumps(result))
     return 0
+
+
+ABLATIONS = {
+    "no simulator replay": {"replay_transitions": 0},
+    "world model only (base policy)": {"policy_iterations": 0},
+    "policy fine-tune without validation": {"validate_every": 10**6},
+}
+
+
+def _ablation(out: Path, base: Path, cfg, profile: str, n: int, episodes: int, say) -> dict:
+    """What each part of adapt contributes, on ``n`` demos of ``profile``: world-model test error,
+    its error on simulator episodes (forgetting), and the stack."""
+    import dataclasses
+    import shutil
+
+    from robot_wm.learning.adapt import _stack_eval, adapt
+
+    demos = _subset(out, out / f"demos_{profile}", profile, n)
+    say(f"\nablation ({profile}, {n} demos): variant | success | RMS median (mm) | world model q̇ RMSE test / simulator")
+    rows = {}
+    for name, over in {"adapt (default)": {}, **ABLATIONS}.items():
+        target = out / f"ablation_{profile}_{n}_{len(rows)}"
+        shutil.rmtree(target, ignore_errors=True)
+        rep = adapt("track", demos, base, target, dataclasses.replace(cfg, **over), evaluate=False, progress=False)
+        stack = _stack_eval(target, "track", profile, episodes, cfg.eval_seed)
+        wm = rep["world_model"]
+        rows[name] = {"overrides": over, "stack": stack, "rmse_qdot_test": wm["after"]["one_step"]["rmse_qdot_radps"],
+                      "rmse_qdot_simulator": wm["simulator_after"]["rmse_qdot_radps"],
+                      "rmse_qdot_simulator_base": wm["simulator_before"]["rmse_qdot_radps"],
+                      "rmse_qdot_test_base": wm["before"]["one_step"]["rmse_qdot_radps"],
+                      "policy_validation": (rep["policy"] or {}).get("validation"), "timing": rep["timing"]}
+        say(f"  {name:<38} | {100 * stack['success_rate']:5.1f} % | {1e3 * stack['tracking_rms_m_median']:.2f} | "
+            f"{rows[name]['rmse_qdot_test']:.4f} / {rows[name]['rmse_qdot_simulator']:.4f} "
+            f"(base {rows[name]['rmse_qdot_test_base']:.4f} / {rows[name]['rmse_qdot_simulator_base']:.4f})", flush=True)
+    return rows
 
 
 def _plot(result: dict, path: Path) -> None:

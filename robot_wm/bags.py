@@ -280,7 +280,7 @@ class Episode:
     path: Path
     meta: EpisodeMeta
     topics: dict[str, int]  # topic -> message count
-    state_t_ns: np.ndarray  # (S,) header stamps of /joint_states
+    state_t_ns: np.ndarray  # (S,) header stamps of /joint_states, moved onto the bag's clock (see read_episode)
     q_rad: np.ndarray  # (S, N) in meta.joint_names order
     qdot_radps: np.ndarray
     effort_nm: np.ndarray
@@ -308,17 +308,26 @@ def bag_sha256(path: Path) -> str:
 
 
 def list_bags(directory: Path) -> tuple[list[Path], list[Path]]:
-    """(complete bag directories, partial ones left by an interrupted recording), sorted."""
+    """(bag directories, broken ones), sorted. Broken: an interrupted recording (``.partial``) or
+    any other sub-directory without a metadata.yaml (e.g. storage whose recorder died first):
+    never passed over silently (``demos inspect`` lists them, the loader refuses the directory)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise BagError(f"demonstrations directory not found: {directory}")
-    bags, partial = [], []
+    bags, broken = [], []
     for p in sorted(directory.iterdir()):
-        if p.is_dir() and p.name.endswith(".partial"):
-            partial.append(p)
-        elif p.is_dir() and (p / "metadata.yaml").is_file():
+        if not p.is_dir():
+            continue
+        if p.name.endswith(".partial") or not (p / "metadata.yaml").is_file():
+            broken.append(p)
+        else:
             bags.append(p)
-    return bags, partial
+    return bags, broken
+
+
+def broken_reason(path: Path) -> str:
+    return ("interrupted recording (.partial): not a demonstration" if path.name.endswith(".partial")
+            else "no metadata.yaml (not a rosbag2 bag, or its recording was cut off)")
 
 
 def read_meta(path: Path) -> EpisodeMeta:
@@ -333,9 +342,14 @@ def read_meta(path: Path) -> EpisodeMeta:
         raise BagError(f"{path}: no metadata.yaml (not a rosbag2 bag, or truncated)")
     try:
         info = (yaml.safe_load(meta_file.read_text()) or {})["rosbag2_bagfile_information"]
-    except (yaml.YAMLError, KeyError, TypeError) as exc:
-        raise BagError(f"{meta_file}: not rosbag2 metadata ({exc})") from exc
-    custom = (info.get("custom_data") or {}).get(META_KEY)
+        if not isinstance(info, dict):
+            raise TypeError(f"rosbag2_bagfile_information is a {type(info).__name__}")
+        custom_data = info.get("custom_data") or {}
+        if not isinstance(custom_data, dict):
+            raise TypeError(f"custom_data is a {type(custom_data).__name__}")
+    except (yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError, OSError) as exc:
+        raise BagError(f"{meta_file}: not rosbag2 metadata ({type(exc).__name__}: {exc})") from exc
+    custom = custom_data.get(META_KEY)
     if custom is None:
         raise BagError(f"{path}: no {META_KEY} in custom_data (not recorded by robot-wm record)")
     return EpisodeMeta.from_json(custom, str(meta_file))
@@ -355,7 +369,7 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
     names = list(joint_names) if joint_names is not None else list(meta.joint_names)
     store = typestore()
     topics: dict[str, int] = {}
-    st_t, st_q, st_v, st_e, cmd_t, cmd_v, ref, goals = [], [], [], [], [], [], [], []
+    st_t, st_log, st_q, st_v, st_e, cmd_t, cmd_v, ref, goals = [], [], [], [], [], [], [], [], []
     try:
         with Reader(path) as reader:
             for conn in reader.connections:
@@ -366,10 +380,17 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
                 msg = store.deserialize_cdr(raw, conn.msgtype)
                 if conn.topic == STATES_TOPIC:
                     order = _order(list(msg.name), names, path)
+                    n_msg = len(msg.name)
+                    for field_name in ("position", "velocity"):
+                        if len(getattr(msg, field_name)) != n_msg:
+                            raise BagError(f"{path}: {STATES_TOPIC} at {t_ns} ns has {len(getattr(msg, field_name))} "
+                                           f"{field_name} values for {n_msg} joints (a demonstration needs both)")
                     st_t.append(stamp_ns(msg.header))
+                    st_log.append(t_ns)
                     st_q.append(np.asarray(msg.position, float)[order])
                     st_v.append(np.asarray(msg.velocity, float)[order])
-                    st_e.append(np.asarray(msg.effort, float)[order] if len(msg.effort) else np.full(len(names), np.nan))
+                    st_e.append(np.asarray(msg.effort, float)[order] if len(msg.effort) == n_msg
+                                else np.full(len(names), np.nan))
                 elif conn.topic == COMMAND_TOPIC:
                     data = np.asarray(msg.data, float)
                     if data.shape != (len(names),):
@@ -400,8 +421,17 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
             raise BagError(f"{path}: {STATES_TOPIC} holds non-finite {label} values")
     if not np.all(np.isfinite(cmd_v)):
         raise BagError(f"{path}: {COMMAND_TOPIC} holds non-finite values")
-    return Episode(path, meta, topics, np.asarray(st_t, np.int64), *arrays, np.asarray(cmd_t, np.int64),
-                   np.asarray(cmd_v, float).reshape(-1, len(names)), ref, goals, bag_sha256(path))
+    # Commands carry receive times (the recorder's clock), joint states the arm's stamps. On one
+    # host the two differ by the transport latency; across hosts also by the clock offset. The
+    # median receive-minus-stamp of the joint states estimates both: the states (and the episode's
+    # bounds, stamped by the sequencer beside the arm) move onto the receive clock, once per bag.
+    offset = int(np.median(np.asarray(st_log, np.int64) - np.asarray(st_t, np.int64))) if st_t else 0
+    meta.start_ns, meta.end_ns = meta.start_ns + offset, meta.end_ns + offset
+    meta.extra = dict(meta.extra, clock_offset_ns=offset)
+    cmd_order = np.argsort(np.asarray(cmd_t, np.int64), kind="stable")
+    return Episode(path, meta, topics, np.asarray(st_t, np.int64) + offset, *arrays,
+                   np.asarray(cmd_t, np.int64)[cmd_order],
+                   np.asarray(cmd_v, float).reshape(-1, len(names))[cmd_order], ref, goals, bag_sha256(path))
 
 
 def _order(msg_names: list[str], names: list[str], path: Path) -> np.ndarray:
@@ -415,9 +445,9 @@ def _order(msg_names: list[str], names: list[str], path: Path) -> np.ndarray:
 
 def iter_episodes(directory: Path, joint_names: Iterable[str] | None = None) -> Iterator[Episode]:
     """Every complete bag of a directory, decoded in name order (partial ones are an error)."""
-    bags, partial = list_bags(directory)
-    if partial:
-        raise BagError(f"{directory}: interrupted recording(s) {', '.join(p.name for p in partial)}: "
-                       f"delete them or record again")
+    bags, broken = list_bags(directory)
+    if broken:
+        raise BagError(f"{directory}: {', '.join(f'{p.name} ({broken_reason(p)})' for p in broken)}: "
+                       f"delete or move them, or record again")
     for path in bags:
         yield read_episode(path, joint_names)

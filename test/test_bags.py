@@ -140,6 +140,12 @@ def test_partial_recordings_missing_metadata_and_foreign_bags(tmp_path):
         demos.load_demos(d)
     assert any("interrupted" in p["problem"] for p in demos.inspect_demos(d)["problems"])
     shutil.rmtree(d / "ok2.partial")
+    (d / "no_meta").mkdir()  # storage without metadata (its recorder died): listed, refused
+    (d / "no_meta" / "no_meta.mcap").write_bytes(b"\x89MCAP0\r\n")
+    with pytest.raises(BagError, match="no metadata.yaml"):
+        demos.load_demos(d)
+    assert demos.inspect_demos(d)["problems"] == [{"bag": "no_meta", "problem": bags.broken_reason(d / "no_meta")}]
+    shutil.rmtree(d / "no_meta")
     meta_file = good / "metadata.yaml"
     text = meta_file.read_text()
     meta_file.write_text(text.replace(bags.META_KEY, "someone.else"))
@@ -147,6 +153,12 @@ def test_partial_recordings_missing_metadata_and_foreign_bags(tmp_path):
         bags.read_meta(good)
     meta_file.write_text(text.replace("robot_wm-demo/1", "robot_wm-demo/9"))
     with pytest.raises(BagError, match="format"):
+        bags.read_meta(good)
+    meta_file.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(BagError, match="not rosbag2 metadata"):
+        bags.read_meta(good)
+    meta_file.write_text("rosbag2_bagfile_information: [1, 2]\n")
+    with pytest.raises(BagError, match="not rosbag2 metadata"):
         bags.read_meta(good)
     meta_file.unlink()
     with pytest.raises(BagError, match="no metadata.yaml"):
@@ -162,7 +174,13 @@ def test_gaps_short_episodes_and_other_tasks_are_refused_with_the_reason(tmp_pat
         demos.load_demos([gap], task="track")
     short = _synthetic(tmp_path / "b" / "short", steps=200)
     with pytest.raises(BagError, match="cut short"):
-        demos.load_demos([short], task="track")
+        demos.load_demos([short], task="track", steps=600)  # the metadata says 6 s, the states end at 2 s
+    tiny = _synthetic(tmp_path / "e" / "tiny", steps=30, meta=_meta(end_ns=1_300_000_000))
+    with pytest.raises(BagError, match="shorter than 50 control periods"):
+        demos.load_demos([tiny], task="track")
+    reach_ok = _synthetic(tmp_path / "f" / "reach_goal", steps=300, meta=_meta(task="reach", end_ns=3_990_000_000))
+    data, _, _ = demos.load_demos([reach_ok], task="reach")  # ended at the goal: its own length
+    assert data.n_steps == 299
     reach = _synthetic(tmp_path / "c" / "reach", meta=_meta(task="reach"))
     with pytest.raises(BagError, match="task 'reach', not 'track'"):
         demos.load_demos([reach], task="track")

@@ -57,7 +57,9 @@ class AdaptError(ValueError):
 class AdaptConfig:
     """Settings of ``adapt`` (config/training.yaml, section ``adapt``)."""
 
-    holdout_fraction: float = 0.2  # share of the demonstration EPISODES held out (at least one)
+    holdout_fraction: float = 0.2  # share of the demonstration EPISODES for validation (early stopping,
+    #                                recalibration, policy validation; at least one)
+    test_fraction: float = 0.2  # share held out for the report only (at least one; never trained or tuned on)
     wm_epochs: int = 40  # upper bound; one epoch = the demonstration transitions once (plus replay)
     wm_lr: float = 3e-4
     wm_batch: int = 256  # per member
@@ -76,8 +78,12 @@ class AdaptConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.holdout_fraction < 1.0:
-            raise ValueError(f"adapt.holdout_fraction={self.holdout_fraction}: expected a value in (0, 1)")
+        for name in ("holdout_fraction", "test_fraction"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"adapt.{name}={getattr(self, name)}: expected a value in (0, 1)")
+        if self.holdout_fraction + self.test_fraction >= 1.0:
+            raise ValueError(f"adapt.holdout_fraction + test_fraction = {self.holdout_fraction + self.test_fraction}: "
+                             f"expected < 1 (episodes must be left to train on)")
         if not 0.0 < self.demo_share <= 1.0:
             raise ValueError(f"adapt.demo_share={self.demo_share}: expected a value in (0, 1]")
         for name in ("wm_epochs", "wm_batch", "wm_patience", "threads", "validate_every"):
@@ -319,9 +325,10 @@ class ImaginedTracking:
         t = rng.integers(h, data.n_steps - 1, n)
         self.q = torch.as_tensor(data.q_rad[ep, t], dtype=torch.float32)
         self.qd = torch.as_tensor(data.qdot_radps[ep, t], dtype=torch.float32)
-        self.hist = torch.as_tensor(np.stack([data.action_radps[ep, t - h + 1 + k] for k in range(h - 1)], 1),
-                                    dtype=torch.float32)
-        self.in_flight = torch.as_tensor(data.action_radps[ep, t - 1], dtype=torch.float32)
+        # the commands before period t, and the one period t executes (the nominal made at t-1)
+        self.hist = torch.as_tensor(np.stack([data.action_radps[ep, t - h + 1 + k] for k in range(h - 1)], 1), dtype=torch.float32) \
+            if h > 1 else torch.zeros(n, 0, data.action_radps.shape[-1])
+        self.in_flight = torch.as_tensor(data.action_radps[ep, t], dtype=torch.float32)
         self.fk, self.task, self.horizon = fk, task, horizon
         self.dyn = WorldModelDynamics(wm, member="mean")
         dt = task.control_dt_s
@@ -402,10 +409,8 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
     try:
         base, out = Path(base), Path(out)
         data, metas, shas = load_demos(demos, task=task)
-        if data.n_episodes < 2:
-            raise AdaptError(f"{demos}: {data.n_episodes} demonstration(s): adapt needs at least 2 (one held out)")
+        train, hold, test = split_episodes(data, cfg, demos)
         robots = sorted(set(data.profiles))
-        train, hold = data.split(cfg.holdout_fraction, cfg.seed)
         base_wm = world_model_from_onnx(base / "world_model.onnx")
         actor, pcfg, pside = policy_from_onnx(base / "policy.onnx", task)
         if tuple(base_wm.joint_names) != tuple(data.joint_names) or abs(base_wm.dt_s - data.dt_s) > 1e-9:
@@ -413,8 +418,8 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
                              f"are {data.joint_names} at {data.dt_s} s")
         replay = _collect_replay(cfg.replay_transitions, cfg.seed + 7, progress)
         wm, wm_report = finetune_world_model(base_wm, train, hold, replay, cfg, progress)
-        wm_before = evaluate_world_model(base_wm, hold, horizons=(10, 50))
-        wm_after = evaluate_world_model(wm, hold, horizons=(10, 50))
+        wm_before = evaluate_world_model(base_wm, test, horizons=(10, 50))  # episodes nothing was fit or tuned on
+        wm_after = evaluate_world_model(wm, test, horizons=(10, 50))
         # forgetting: the same models on randomized simulator episodes neither saw (another seed)
         sim_check = _collect_replay(SIM_CHECK_TRANSITIONS, cfg.seed + 11, False)
         sim_before = evaluate_world_model(base_wm, sim_check, horizons=(10,))["one_step"]
@@ -424,7 +429,7 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
         urdf = description.expand()
         names = description.joint_limits(urdf).names
         spec = get_task(task).spec
-        starts = data if replay is None or cfg.real_start_fraction >= 1.0 else _mix_starts(data, replay, cfg)
+        starts = train if replay is None or cfg.real_start_fraction >= 1.0 else _mix_starts(train, replay, cfg)
         pol_report = None
         new_actor = actor
         if cfg.policy_iterations > 0:
@@ -459,7 +464,7 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
 
         report: dict[str, Any] = {
             "task": task, "demos": str(demos), "episodes": data.n_episodes, "train_episodes": train.n_episodes,
-            "holdout_episodes": hold.n_episodes, "robots": robots, "sources": sorted({m.source for m in metas}),
+            "holdout_episodes": hold.n_episodes, "test_episodes": test.n_episodes, "robots": robots, "sources": sorted({m.source for m in metas}),
             "base": str(base), "out": str(out),
             "base_versions": {"world_model": wm_side.get("version"), "policy": pside.get("version")},
             "versions": {"world_model": read_sidecar(wm_path)["version"], "policy": read_sidecar(pol_path)["version"]},
@@ -491,6 +496,19 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
         raise
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def split_episodes(data: Dataset, cfg: AdaptConfig, where) -> tuple[Dataset, Dataset, Dataset]:
+    """(train, validation, test) by episode: validation for early stopping, the variance scale and
+    the policy's validation; test only for the report. At least one episode each."""
+    n = data.n_episodes
+    if n < 3:
+        raise AdaptError(f"{where}: {n} demonstration(s): adapt needs at least 3 (train, validation, test)")
+    order = np.random.default_rng(cfg.seed).permutation(n)
+    n_val = min(max(1, int(round(cfg.holdout_fraction * n))), n - 2)
+    n_test = min(max(1, int(round(cfg.test_fraction * n))), n - 1 - n_val)
+    return (data.subset(np.sort(order[n_val + n_test:])), data.subset(np.sort(order[:n_val])),
+            data.subset(np.sort(order[n_val:n_val + n_test])))
 
 
 def _mix_starts(data: Dataset, replay: Dataset, cfg: AdaptConfig) -> Dataset:
@@ -547,12 +565,12 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     joints = np.arange(6)
     for k, (label, color) in enumerate((("before", "#999999"), ("after", "#1f77b4"))):
         axes[0].bar(joints + (k - 0.5) * 0.38, wm[label]["one_step"]["rmse_qdot_radps_per_joint"], 0.38, label=label, color=color)
-    axes[0].set(title="world model: one-step q̇ error (held-out real episodes)", xlabel="joint", ylabel="RMSE (rad/s)")
+    axes[0].set(title="world model: one-step q̇ error (test episodes)", xlabel="joint", ylabel="RMSE (rad/s)")
     axes[0].legend()
     cov = [wm["before"]["calibration"]["coverage90"], wm["after"]["calibration"]["coverage90"]]
     axes[1].bar(["before", "after"], cov, color=["#999999", "#1f77b4"])
     axes[1].axhline(0.9, color="k", ls="--", lw=1, label="target 0.9")
-    axes[1].set(title="90 % interval coverage (held-out)", ylim=(0, 1.05))
+    axes[1].set(title="90 % interval coverage (test episodes)", ylim=(0, 1.05))
     axes[1].legend(loc="lower right")
     stack = {k: v for k, v in (report.get("stack") or {}).items() if isinstance(v, dict) and "before" in v}
     if stack:
@@ -658,8 +676,8 @@ def cmd_adapt(args) -> int:
 def _print_adapt(r: dict[str, Any], png: Path) -> None:
     wm = r["world_model"]
     print(f"adapt {r['task']}: {r['episodes']} demos of {', '.join(r['robots'])} ({r['train_episodes']} train, "
-          f"{r['holdout_episodes']} held out) on {r['base']} -> {r['out']}")
-    print(f"  world model {r['base_versions']['world_model']} -> {r['versions']['world_model']}: one-step q̇ RMSE "
+          f"{r['holdout_episodes']} validation, {r['test_episodes']} test) on {r['base']} -> {r['out']}")
+    print(f"  world model {r['base_versions']['world_model']} -> {r['versions']['world_model']}: test episodes' one-step q̇ RMSE "
           f"{wm['before']['one_step']['rmse_qdot_radps']:.4f} -> {wm['after']['one_step']['rmse_qdot_radps']:.4f} rad/s, "
           f"90 % coverage {wm['before']['calibration']['coverage90']:.2f} -> {wm['after']['calibration']['coverage90']:.2f}")
     print(f"  on simulator episodes (forgetting): one-step q̇ RMSE {wm['simulator_before']['rmse_qdot_radps']:.4f} -> "

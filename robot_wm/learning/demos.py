@@ -35,6 +35,7 @@ REFERENCE_PERIOD_S = 0.1  # library mode: a reference window (or the goal) every
 REFERENCE_WINDOW_S = 0.6  # ... covering the policy's preview until the next one
 INTERVENTION_PERIOD_S = 1.0  # the policy node's 1 Hz InterventionState
 DEFAULT_MAX_GAP_S = 0.05  # a longer silence of /joint_states inside an episode makes the bag unusable
+MIN_STEPS = 50  # control periods: the shortest episode the loader trains on
 
 
 # ------------------------------------------------------------------------------------------ record
@@ -221,13 +222,13 @@ def inspect_demos(directory: Path) -> dict:
             continue
         m = ep.meta
         inside = (ep.state_t_ns >= m.start_ns) & (ep.state_t_ns <= m.end_ns)
-        gaps = np.diff(ep.state_t_ns[inside]) * 1e-9 if inside.sum() > 1 else np.array([np.inf])
+        gaps = np.diff(ep.state_t_ns[inside]) * 1e-9 if inside.sum() > 1 else np.array([m.duration_s])
         cin = (ep.command_t_ns >= m.start_ns) & (ep.command_t_ns <= m.end_ns)
-        cgaps = np.diff(ep.command_t_ns[cin]) * 1e-9 if cin.sum() > 1 else np.array([np.inf])
+        cgaps = np.diff(ep.command_t_ns[cin]) * 1e-9 if cin.sum() > 1 else np.array([m.duration_s])
         rows.append(BagSummary(path.name, True, "", m.task, m.robot, m.source, m.success, m.error_m, m.duration_s,
                                m.interventions, float(gaps.max()), float(cgaps.max()), ep.topics))
     for path in partial:
-        rows.append(BagSummary(path.name, False, "interrupted recording (.partial): not a demonstration"))
+        rows.append(BagSummary(path.name, False, bags.broken_reason(path)))
     good = [r for r in rows if r.ok]
     succ = [r.success for r in good if r.success is not None]
     by = lambda key: {v: sum(1 for r in good if getattr(r, key) == v) for v in sorted({getattr(r, key) for r in good})}
@@ -301,7 +302,9 @@ def load_demos(directory: Path | list[Path], *, task: str | None = None, steps: 
 
     Args:
         task: the task the demos must be of (default: theirs; mixed tasks are an error).
-        steps: control periods per episode (default: the task's episode length).
+        steps: control periods per episode (default: the task's episode length, or the shortest
+            episode's when shorter — a reach episode ends when the goal is reached — but never
+            fewer than ``MIN_STEPS``: a bag shorter than that is refused by name).
     Returns:
         (dataset, episodes' metadata, bag sha256s) — the dataset's ``profiles`` are the recorded
         robots, its ``meta`` says where it came from.
@@ -318,10 +321,10 @@ def load_demos(directory: Path | list[Path], *, task: str | None = None, steps: 
     if isinstance(directory, (list, tuple)):
         paths = [Path(p) for p in directory]
     else:
-        complete, partial = bags.list_bags(Path(directory))
-        if partial:
-            raise BagError(f"{directory}: interrupted recording(s) {', '.join(p.name for p in partial)}: "
-                           f"delete them or record again")
+        complete, broken = bags.list_bags(Path(directory))
+        if broken:
+            raise BagError(f"{directory}: {', '.join(f'{p.name} ({bags.broken_reason(p)})' for p in broken)}: "
+                           f"delete or move them, or record again")
         paths = complete
     if not paths:
         raise BagError(f"{directory}: no demonstration bags")
@@ -336,7 +339,13 @@ def load_demos(directory: Path | list[Path], *, task: str | None = None, steps: 
             raise BagError(f"{p}: a demonstration of task {m.task!r}, not {task!r}")
     spec = get_task(task)
     dt = spec.control_dt_s
-    steps = steps or spec.episode_steps
+    if steps is None:
+        lengths = [int(np.floor(m.duration_s / dt + 1e-6)) for m in metas]
+        short = [p.name for p, n in zip(paths, lengths) if n < MIN_STEPS]
+        if short:
+            raise BagError(f"{', '.join(short)}: shorter than {MIN_STEPS} control periods ({MIN_STEPS * dt:g} s): "
+                           f"too short to train on (remove them from {directory})")
+        steps = min([spec.episode_steps] + lengths)
     kin = Kinematics(urdf, names)
     qs, qds, acts, tools, robots, shas = [], [], [], [], [], []
     for p in paths:

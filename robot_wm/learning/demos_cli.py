@@ -14,6 +14,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         return 2
     if args.library:
         from robot_wm.learning.demos import record_library
+
+        args.profile = args.profile or "nominal"
         from robot_wm.sim import ProfileError
 
         try:
@@ -32,6 +34,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         return 2
     from robot_wm.nodes.recorder import record_live
 
+    if args.robot is None and args.profile is None:
+        print("record: say which arm the episodes come from: --robot NAME (hardware) or --profile P "
+              "(the profile the embedded arm runs); it goes into every bag's metadata", file=sys.stderr)
+        return 2
     robot = args.robot or Path(args.profile).stem
     print(f"record: waiting for {args.demos} {args.task} episode(s) from the running stack "
           f"(robot {robot}; Ctrl-C to stop) -> {out}", flush=True)
@@ -98,7 +104,8 @@ def add_parsers(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="directory of the bags")
     p.add_argument("--library", action="store_true", help="run the episodes on the library-mode simulator "
                                                           "(much faster than real time) instead of recording a running stack")
-    p.add_argument("--profile", default="nominal", help="simulator profile (name or YAML file); live: names the robot")
+    p.add_argument("--profile", default=None, help="simulator profile (name or YAML file; --library default nominal); "
+                                                   "live: the profile the embedded arm runs (names the robot)")
     p.add_argument("--robot", default=None, help="live: the robot's name in the metadata (default: the profile's)")
     p.add_argument("--source", default="policy", choices=("policy", "scripted"),
                    help="--library: who drives the episodes (default: the model set's policy)")

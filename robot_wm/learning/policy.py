@@ -456,8 +456,8 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     started = time.perf_counter()
     bar = tqdm(range(cfg.iterations), desc=f"train policy ({task_name(task)})", unit="it", disable=not progress)
     for it in bar:
-        if it % validate_every == 0 and it >= critic_warmup:
-            checkpoint(it)
+        if it == critic_warmup or (it > critic_warmup and it % validate_every == 0):
+            checkpoint(it)  # the first one: the actor as it started (the warm-up leaves it untouched)
         q, qd, hist = _starts(cfg, rng, q_data, qd_data, hist_data, q_home_rad, task, H)
         tool = fk(q)
         rollouts.start(rng, tool)

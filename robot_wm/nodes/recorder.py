@@ -126,11 +126,19 @@ class DemoRecorder(Node):
             # up to this EpisodeResult itself (received after its stamp)
             window = [m for m in self.buffer if start_ns - PREROLL_S * 1e9 <= m[1] <= max(end_ns, received_ns)]
             first = self.first_ns
+            oldest = self.buffer[0][1] if self.buffer else None
         name = f"{self.task}_{self.robot}_{result.index:04d}"
         if first is None or first > start_ns - PREROLL_S * 1e9:
             self.skipped.append(f"{name}: began before the recorder started")
             self.get_logger().info(f"episode {result.index} skipped: it began before the recorder started")
             return
+        if oldest is None or oldest > start_ns - PREROLL_S * 1e9:
+            self.skipped.append(f"{name}: {result.duration_s:.1f} s, longer than the recorder's buffer")
+            self.get_logger().warning(f"episode {result.index} skipped: {result.duration_s:.1f} s does not fit the "
+                                      f"{self.buffer_ns * 1e-9:.0f} s buffer (buffer_s)")
+            return
+        if self.done.is_set():
+            return  # enough episodes: the caller is stopping
         self._jobs.put((name, result, start_ns, end_ns, window))
 
     def _write_loop(self) -> None:
@@ -150,7 +158,16 @@ class DemoRecorder(Node):
             self.stop_writer()
         return super().destroy_node()
 
+    def __del__(self):  # noqa: D105 - a recorder dropped without destroy_node still ends its thread
+        try:
+            if self._writer.is_alive():
+                self._jobs.put(None)
+        except AttributeError:
+            pass
+
     def _write(self, name: str, result, start_ns: int, end_ns: int, window) -> None:
+        if self.demos and len(self.written) >= self.demos:
+            return  # queued before the last one was written: no more than asked
         path = self.out / name
         k = 1
         while path.exists() or path.with_name(path.name + ".partial").exists():
@@ -244,6 +261,7 @@ def record_live(out: Path, demos: int, *, task: str, robot: str, timeout_s: floa
     except KeyboardInterrupt:
         pass
     finally:
+        node.stop_writer()  # what is queued is written before the count is taken
         written, skipped = list(node.written), list(node.skipped)
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
