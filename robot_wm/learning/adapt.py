@@ -311,10 +311,11 @@ def variance_scale(model: WorldModel, hold: Dataset) -> torch.Tensor:
 # ------------------------------------------------------------------------------ policy validation
 class ImaginedTracking:
     """The policy fine-tune's validation: a deterministic actor's mean tracking error (m) in the
-    adapted world model (ensemble mean), ``horizon`` periods from fixed states of the held-out real
+    adapted world model (ensemble mean), ``horizon`` periods from fixed states of the validation
     episodes (with the commands before them), on fixed reference paths passing near the start tool
-    position, with the stack's one-period delay between a nominal and the period that executes it.
-    Lower is better; the same starts and paths for every call."""
+    position (reach: fixed goals in the task's box, the distance over the last third), with the
+    stack's one-period delay between a nominal and the period that executes it. Lower is better;
+    the same starts and targets for every call."""
 
     def __init__(self, wm: WorldModel, data: Dataset, task, fk, *, n: int = 256, horizon: int = 60, seed: int = 0) -> None:
         from robot_wm.learning.pipeline import WorldModelDynamics
@@ -331,6 +332,11 @@ class ImaginedTracking:
         self.in_flight = torch.as_tensor(data.action_radps[ep, t], dtype=torch.float32)
         self.fk, self.task, self.horizon = fk, task, horizon
         self.dyn = WorldModelDynamics(wm, member="mean")
+        self.goals = None
+        if not hasattr(task, "preview_s"):  # reach: goals anywhere in the task's box, judged once there
+            lo, hi = np.asarray(task.goal_box_min_m), np.asarray(task.goal_box_max_m)
+            self.goals = torch.as_tensor(rng.uniform(lo, hi, (n, 3)), dtype=torch.float32)
+            return
         dt = task.control_dt_s
         offsets = np.asarray(task.preview_s, dtype=float)
         paths = task.sample_paths(rng, n)
@@ -350,13 +356,16 @@ class ImaginedTracking:
         tool = self.fk(q)
         errors = []
         for k in range(self.horizon):
-            obs = join_obs(q, qd, tool, self.refs[:, k].reshape(q.shape[0], -1), xp=torch)
-            action = actor(obs)
+            target = self.goals if self.goals is not None else self.refs[:, k].reshape(q.shape[0], -1)
+            action = actor(join_obs(q, qd, tool, target, xp=torch))
             actions = torch.cat([hist, pending.unsqueeze(1)], 1)  # this period executes the previous nominal
             q, qd, _ = self.dyn.step(q, qd, actions)
             hist, pending = actions[:, 1:], action
             tool = self.fk(q)
-            errors.append(torch.linalg.norm(tool - self.refs[:, k + 1, 0], dim=-1))
+            goal = self.goals if self.goals is not None else self.refs[:, k + 1, 0]
+            errors.append(torch.linalg.norm(tool - goal, dim=-1))
+        if self.goals is not None:  # reach: the distance over the last third (arrived and holding)
+            return float(torch.stack(errors[-(self.horizon // 3):]).mean())
         return float(torch.stack(errors).mean())
 
 
@@ -436,7 +445,7 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
             policy_cfg = dataclasses.replace(pcfg, iterations=cfg.policy_iterations, actor_lr=cfg.policy_actor_lr,
                                              seed=cfg.seed)
             fk = TorchToolFK(urdf, names)
-            validate = ImaginedTracking(wm, hold, spec, fk, seed=cfg.seed) if task == "track" else None
+            validate = ImaginedTracking(wm, hold, spec, fk, seed=cfg.seed, horizon=60 if task == "track" else 150)
             new_actor, pol_report = train_policy(policy_cfg, WorldModelDynamics(wm), fk, starts,
                                                  spec, description.initial_positions(names), progress=progress,
                                                  init_actor=actor, critic_warmup=cfg.critic_warmup,
