@@ -53,6 +53,7 @@ TOPICS: dict[str, str] = {
 }
 STATES_TOPIC = "/joint_states"
 COMMAND_TOPIC = "/forward_velocity_controller/commands"
+STATUS_TOPIC = "/robot_wm/safety_status"
 #: what a bag must hold to be a demonstration at all (the loader's training input)
 REQUIRED_TOPICS = (STATES_TOPIC, COMMAND_TOPIC)
 #: the task's target: one of these per task
@@ -289,6 +290,8 @@ class Episode:
     reference: list[tuple[int, float, np.ndarray]]  # (stamp ns, step s, points (P, 3)) per window
     goals: list[tuple[int, np.ndarray]]  # (stamp ns, point) for reach
     sha256: str  # of the bag's files (the lineage of a model trained on it)
+    status_t_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # SafetyStatus receive times
+    status_state: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ... and its state
 
     @property
     def duration_s(self) -> float:
@@ -370,12 +373,13 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
     store = typestore()
     topics: dict[str, int] = {}
     st_t, st_log, st_q, st_v, st_e, cmd_t, cmd_v, ref, goals = [], [], [], [], [], [], [], [], []
+    status_t, status_state = [], []
     try:
         with Reader(path) as reader:
             for conn in reader.connections:
                 topics[conn.topic] = topics.get(conn.topic, 0) + conn.msgcount
             wanted = [c for c in reader.connections if c.topic in TOPICS and c.topic in
-                      (STATES_TOPIC, COMMAND_TOPIC, TARGET_TOPICS["track"], TARGET_TOPICS["reach"])]
+                      (STATES_TOPIC, COMMAND_TOPIC, TARGET_TOPICS["track"], TARGET_TOPICS["reach"], STATUS_TOPIC)]
             for conn, t_ns, raw in reader.messages(connections=wanted):
                 msg = store.deserialize_cdr(raw, conn.msgtype)
                 if conn.topic == STATES_TOPIC:
@@ -398,6 +402,9 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
                                        f"expected {len(names)}")
                     cmd_t.append(t_ns)
                     cmd_v.append(data)
+                elif conn.topic == STATUS_TOPIC:
+                    status_t.append(t_ns)
+                    status_state.append(int(msg.state))
                 elif conn.topic == TARGET_TOPICS["track"]:
                     pts = np.array([[p.transforms[0].translation.x, p.transforms[0].translation.y,
                                      p.transforms[0].translation.z] for p in msg.points], float).reshape(-1, 3)
@@ -431,7 +438,8 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
     cmd_order = np.argsort(np.asarray(cmd_t, np.int64), kind="stable")
     return Episode(path, meta, topics, np.asarray(st_t, np.int64) + offset, *arrays,
                    np.asarray(cmd_t, np.int64)[cmd_order],
-                   np.asarray(cmd_v, float).reshape(-1, len(names))[cmd_order], ref, goals, bag_sha256(path))
+                   np.asarray(cmd_v, float).reshape(-1, len(names))[cmd_order], ref, goals, bag_sha256(path),
+                   np.asarray(status_t, np.int64), np.asarray(status_state, np.int64))
 
 
 def _order(msg_names: list[str], names: list[str], path: Path) -> np.ndarray:

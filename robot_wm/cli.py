@@ -235,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "or --live: the whole ROS graph, as the trust monitor will see it)")
     q.add_argument("--live", action="store_true", help="record on the running ROS graph (robot-wm up) instead of the "
                                                        "library loop: what the trust monitor node uses")
+    q.add_argument("--bags", default=None, help="calibrate from recorded normal operation instead: a directory of "
+                                                "demonstration bags (robot-wm record); needs --out")
     q.add_argument("--profile", default="nominal", help="embedded arm dynamics profile (default nominal)")
     q.add_argument("--seconds", type=float, default=None, help="seconds of operation (default: config/trust.yaml)")
     q.add_argument("--seed", type=int, default=0, help="goal and sensor-noise seed")

@@ -222,3 +222,26 @@ def test_writer_never_leaves_a_bag_that_looks_whole(tmp_path):
     with pytest.raises(BagError, match="not a demonstration topic"):
         with EpisodeBagWriter(tmp_path / "ep3") as w:
             w.write("/chatter", 1, m.float64_array([1.0]))
+
+
+def test_trust_calibration_from_recorded_operation(recorded, tmp_path):
+    """trust calibrate --bags: the monitor's signals replayed from the bags with the chosen world
+    model give finite thresholds for that model; too little operation for the configured
+    exceedance is refused with what it needs."""
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.learning.bag_calibration import calibrate_from_bags
+    from robot_wm.paths import config_path, data_path
+
+    out, _ = recorded
+    wm = Path(data_path("models", "track", "world_model.onnx"))
+    with pytest.raises(ValueError, match="needs 303 s; record more"):
+        calibrate_from_bags(out, wm)
+    loose = tmp_path / "trust.yaml"
+    loose.write_text(config_path("trust.yaml").read_text().replace("calibration_exceedance: 1.0e-4",
+                                                                   "calibration_exceedance: 1.0e-2"))
+    cal, path, seconds = calibrate_from_bags(out, wm, config_file=loose, out=tmp_path / "cal.json")
+    assert seconds == pytest.approx(12.02, abs=0.05)
+    again = calib_io.load(path, cal.model_version)
+    assert again.model_version == cal.model_version and again.model_version.startswith("wm-")
+    assert all(np.isfinite(v) and v > 0 for v in again.thresholds.values()), again.thresholds
+    assert again.source.startswith("bags:")

@@ -304,6 +304,8 @@ def calibrate_main(args) -> int:
     from robot_wm.core.trust import CalibrationError, EffortModelError
     from robot_wm.sim import ProfileError
 
+    if args.bags:
+        return _calibrate_bags(args)
     if args.live:
         from robot_wm.core.trust import calibration as calib_io
         from robot_wm.core.trust.settings import load_trust_config
@@ -333,6 +335,37 @@ def calibrate_main(args) -> int:
         return 1
     _print_calibration(cal, path, f"(library mode, {run.wall_s:.0f} s) for world model {cal.model_version} on "
                                   f"{args.profile}")
+    return 0
+
+
+def _calibrate_bags(args) -> int:
+    """`robot-wm trust calibrate --bags DIR --out FILE [--models SET]`."""
+    from robot_wm.bags import BagError
+    from robot_wm.core.onnx_model import ModelError
+    from robot_wm.core.trust import CalibrationError, EffortModelError
+    from robot_wm.learning.bag_calibration import calibrate_from_bags
+
+    if not args.out:
+        print("robot-wm trust calibrate --bags: give --out FILE (the calibration belongs to the model set "
+              "it is for, e.g. SET/trust/<robot>.json)", file=sys.stderr)
+        return 2
+    if args.models:
+        wm_path = Path(args.models) / "world_model.onnx"
+    else:
+        from robot_wm import registry
+
+        try:
+            wm_path = registry.resolve(args.task, "world_model")
+        except ModelError as exc:
+            print(f"robot-wm trust calibrate --bags: {exc}", file=sys.stderr)
+            return 1
+    try:
+        cal, path, seconds = calibrate_from_bags(Path(args.bags), wm_path, out=Path(args.out))
+    except (BagError, CalibrationError, EffortModelError, ModelError, ValueError, OSError) as exc:
+        print(f"robot-wm trust calibrate --bags: {exc}", file=sys.stderr)
+        return 1
+    _print_calibration(cal, path, f"(from {seconds:.0f} s of recorded operation in {args.bags}) for world model "
+                                  f"{cal.model_version}")
     return 0
 
 
