@@ -52,7 +52,8 @@ def test_shipped_tracking_policy_follows_its_paths_through_the_stack():
 def test_every_shipped_model_set_loads_through_its_sidecars():
     from robot_wm.core.tasks import get_task
 
-    for name, task in (("track", "track"), ("track_sim_only", "track"), ("reach_sim_only", "reach")):
+    for name, task in (("track", "track"), ("track_sim_only", "track"), ("reach_sim_only", "reach"),
+                       ("track_adapted_real_twin", "track")):
         spec = get_task(task).spec
         PolicyRunner(data_path("models", name, "policy.onnx"), JOINTS, spec.control_dt_s, task=task)
         WorldModelRunner(data_path("models", name, "world_model.onnx"), JOINTS, spec.control_dt_s)
