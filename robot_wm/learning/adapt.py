@@ -71,6 +71,7 @@ class AdaptConfig:
     policy_actor_lr: float = 1e-4
     critic_warmup: int = 50  # iterations that train the fresh critic before the actor moves
     validate_every: int = 25  # policy iterations between two validations (the best actor is kept)
+    validation_horizon: int = 0  # periods of each imagined validation rollout (0: 60 for track, 150 for reach)
     real_start_fraction: float = 1.0  # imagination starts from recorded real states (rest: replay)
     eval_episodes: int = 32
     eval_seed: int = 1000  # not the demonstrations' seed: the evaluation paths are new
@@ -89,7 +90,8 @@ class AdaptConfig:
         for name in ("wm_epochs", "wm_batch", "wm_patience", "threads", "validate_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"adapt.{name}={getattr(self, name)}: expected an integer >= 1")
-        for name in ("replay_transitions", "policy_iterations", "critic_warmup", "eval_episodes", "seed"):
+        for name in ("replay_transitions", "policy_iterations", "critic_warmup", "eval_episodes", "seed",
+                     "validation_horizon"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"adapt.{name}={getattr(self, name)}: expected an integer >= 0")
         if not 0.0 <= self.real_start_fraction <= 1.0:
@@ -445,7 +447,8 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
             policy_cfg = dataclasses.replace(pcfg, iterations=cfg.policy_iterations, actor_lr=cfg.policy_actor_lr,
                                              seed=cfg.seed)
             fk = TorchToolFK(urdf, names)
-            validate = ImaginedTracking(wm, hold, spec, fk, seed=cfg.seed, horizon=60 if task == "track" else 150)
+            horizon = cfg.validation_horizon or (60 if task == "track" else 150)
+            validate = ImaginedTracking(wm, hold, spec, fk, seed=cfg.seed, horizon=horizon)
             new_actor, pol_report = train_policy(policy_cfg, WorldModelDynamics(wm), fk, starts,
                                                  spec, description.initial_positions(names), progress=progress,
                                                  init_actor=actor, critic_warmup=cfg.critic_warmup,
