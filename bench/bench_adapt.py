@@ -61,7 +61,8 @@ def main() -> int:
     ap.add_argument("--profiles", nargs="+", default=["real_twin", "worn_heavy"])
     ap.add_argument("--demos", nargs="+", type=int, default=[5, 10, 25, 50, 100])
     ap.add_argument("--eval-episodes", type=int, default=32)
-    ap.add_argument("--policy-iterations", type=int, default=None)
+    ap.add_argument("--policy-iterations", type=int, default=None, help="override adapt.policy_iterations")
+    ap.add_argument("--validation-horizon", type=int, default=None, help="override adapt.validation_horizon (periods)")
     ap.add_argument("--out", default=str(REPO / "out" / "bench_adapt"))
     ap.add_argument("--ablation", type=int, default=25, help="also adapt the first profile's first N demos "
                     "without simulator replay, without the policy fine-tune, and without its validation (0: skip)")
@@ -70,10 +71,11 @@ def main() -> int:
     out = Path(args.out)
     base = Path(data_path("models", "track"))
     cfg = load_section(config_path("training.yaml"), "adapt", AdaptConfig)
-    if args.policy_iterations is not None:
-        import dataclasses
+    import dataclasses
 
-        cfg = dataclasses.replace(cfg, policy_iterations=args.policy_iterations)
+    for name in ("policy_iterations", "validation_horizon"):
+        if getattr(args, name) is not None:
+            cfg = dataclasses.replace(cfg, **{name: getattr(args, name)})
     say = (lambda *a, **k: None) if args.json else print
     result = {"config": cfg.__dict__, "eval_episodes": args.eval_episodes, "profiles": {}}
     ref = _stack_eval(base, "track", "nominal", args.eval_episodes, cfg.eval_seed)
