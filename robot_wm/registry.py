@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from robot_wm.core.atomic import fsync_dir, write_json
 from robot_wm.core.onnx_model import ModelError, read_sidecar, sha256_file
 from robot_wm.modelset import (MODEL_FILES, MODELSET_FILE, MODELSET_FORMAT, TRUST_DIR, ModelSetInfo, Problem,
                                Reason, RegistryError, RobotFacts, calibration_version, compatibility, content_sha256,
@@ -106,29 +107,6 @@ def _check_task(task: str) -> None:
         raise RegistryError(f"task {task!r}: expected one of {list(known_tasks())}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Write ``path`` so that a reader sees the old or the new content, never a part (crash included)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 class Registry:
@@ -307,9 +285,9 @@ class Registry:
                     raise RegistryError(f"not registered: {'; '.join(map(str, problems))}", problems)
                 for sub in [staging / TRUST_DIR, staging]:
                     if sub.is_dir():
-                        _fsync_dir(sub)
+                        fsync_dir(sub)
                 os.rename(staging, task_dir / version)  # the one step that makes it visible
-                _fsync_dir(task_dir)
+                fsync_dir(task_dir)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
@@ -411,7 +389,7 @@ class Registry:
             return self.get(task, target)
 
     def _switch(self, task: str, version: str, previous: list[str]) -> None:
-        _write_json_atomic(self.root / task / ACTIVE_FILE, {
+        write_json(self.root / task / ACTIVE_FILE, {
             "format": ACTIVE_FORMAT, "task": task, "version": version, "previous": previous[:HISTORY_LEN],
             "switched_unix_s": time.time()})
 

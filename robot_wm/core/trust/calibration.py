@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from robot_wm.core.atomic import write_json
 from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Signal
 
 CALIBRATION_FORMAT = "robot_wm-trust-calibration/2"
@@ -121,19 +120,8 @@ def save(calibration: Calibration, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": CALIBRATION_FORMAT, **asdict(calibration)}
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make a shipped calibration unreadable to others
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    # 0644: mkstemp's 0600 would make a shipped calibration unreadable to others
+    return write_json(path, doc, mode=0o644)
 
 
 def load(path: Path, model_version: str | None = None) -> Calibration:

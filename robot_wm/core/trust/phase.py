@@ -26,11 +26,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from robot_wm.core.atomic import write_json
 from robot_wm.core.safety.limits import Phase
 
 FORMAT = "robot_wm.trust.phase/1"
@@ -186,25 +186,7 @@ class PhaseStore:
 
     def save(self, state: PhaseState) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(state.to_json(), f, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        try:  # the rename itself is durable once the directory is synced
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+        write_json(self.path, state.to_json(), indent=1)
 
 
 class PhaseMachine:
