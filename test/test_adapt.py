@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from robot_wm.learning import demos
-from robot_wm.learning.adapt import AdaptConfig, AdaptError, adapt, policy_from_onnx, world_model_from_onnx
+from robot_wm.learning.adapt import AdaptConfig, AdaptError, adapt
+from robot_wm.learning.onnx_import import policy_from_onnx, world_model_from_onnx
 from robot_wm.paths import data_path
 
 TRACK = Path(data_path("models", "track"))

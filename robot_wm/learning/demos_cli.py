@@ -69,7 +69,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
-    from robot_wm.learning.adapt import cmd_adapt  # torch: imported only when adapting
+    from robot_wm.learning.adapt_cli import cmd_adapt  # torch: imported only when adapting
 
     return cmd_adapt(args)
 
