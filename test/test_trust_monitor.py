@@ -333,3 +333,30 @@ def test_on_a_real_arm_a_policy_still_in_sim_is_held(spawn, ros_context, tmp_pat
     finally:
         close()
         arm.close()
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_calibrate_s_records_normal_operation_writes_the_file_and_judges_with_it(spawn, ros_context, tmp_path):
+    """The node's own calibration (what `trust calibrate --live` runs): the whole graph on the
+    embedded arm, a short recording at a loose exceedance, the file written for the running world
+    model, then the monitor judging with it."""
+    from robot_wm import graph
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.process_group import command_for
+
+    out = tmp_path / "calibration.json"
+    overrides = {"profile": "nominal", "calibrate_s": 12.0, "calibration_exceedance": 0.02, "calibration_file": str(out)}
+    for spec in graph.plan("mujoco", overrides=overrides, enable=True):
+        if not spec.needs_ros_install:
+            spawn(command_for(spec))
+    node, executor, states, close = _trust_client(ros_context)
+    try:
+        assert wait_for(lambda: states and "calibrating" in states[-1].reason, 60.0)
+        assert wait_for(out.exists, 90.0), states[-1].reason if states else "no TrustState"
+        cal = calib_io.load(out)
+        assert cal.model_version.startswith("wm-") and cal.source.startswith("ros:nominal:")
+        assert all(v > 0 for v in cal.thresholds.values()) and cal.periods > 100
+        assert wait_for(lambda: states and "calibrating" not in states[-1].reason, 10.0)
+    finally:
+        close()

@@ -42,11 +42,10 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
     from robot_wm.core.safety.types import FilterState
     from robot_wm.core.tasks import get_task
     from robot_wm.core.trust import TrustMonitor
-    from robot_wm.core.trust.signals import SIGNALS
     from robot_wm.core.trust.tracker import TrustTracker
     from robot_wm.core.world_model_runner import WorldModelRunner
     from robot_wm.learning.demos import DEFAULT_MAX_GAP_S, episode_arrays
-    from robot_wm.learning.trust_eval import Run, _recording_calibration
+    from robot_wm.learning.trust_eval import RunRecorder, _recording_calibration
 
     urdf = description.expand()
     names = description.joint_limits(urdf).names
@@ -56,7 +55,7 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
         raise bags.BagError(f"{directory}: {', '.join(f'{p.name} ({bags.broken_reason(p)})' for p in broken)}")
     if not complete:
         raise bags.BagError(f"{directory}: no demonstration bags")
-    t_all, raw_all, feat_all, eff_all = [], [], [], []
+    rec = RunRecorder(len(names))
     clock = 0.0
     version = None
     for path in complete:
@@ -83,19 +82,12 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
             if status_idx[k] >= 0:
                 intervened = int(ep.status_state[status_idx[k]]) == int(FilterState.FILTERING)
             tracker.measurement(t, q[k], qd[k], effort, intervened)
-            t_all.append(t)
-            raw_all.append([math.nan if tracker.raw.get(s.value) is None else tracker.raw[s.value] for s in SIGNALS])
-            f = tracker.last_features
-            feat_all.append(np.full((len(names), 5), np.nan) if f is None else f)
-            eff_all.append(np.zeros(len(names)) if effort is None else effort)
+            rec.add(t, tracker, effort)
             if k < steps:
                 pred = runner.predict(q[k], qd[k], action[k])
                 tracker.prediction(t, pred.next_state, pred.epistemic_std, pred.aleatoric_std)
         clock += (steps + 1) * dt + 1.0  # a second between episodes: the smoothing starts afresh-ish
-    raw = np.asarray(raw_all, dtype=float)
-    run = Run(str(directory), np.asarray(t_all), {s.value: raw[:, i] for i, s in enumerate(SIGNALS)},
-              np.asarray(feat_all), np.asarray(eff_all), np.zeros(len(t_all), int))
-    return run, version, len(complete)
+    return rec.run(str(directory)), version, len(complete)
 
 
 def calibrate_from_bags(directory: Path, world_model_path: Path, *, config_file: Path | None = None,

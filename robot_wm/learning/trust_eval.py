@@ -67,6 +67,37 @@ class Run:
     commands: list = field(default_factory=list)
 
 
+class RunRecorder:
+    """What the tracker saw, period by period, for a calibration (``calibrate_run``): the raw
+    signals, the effort regressors and the efforts it judged. The trust monitor node records its
+    ``calibrate_s`` this way, ``trust calibrate --bags`` its replay."""
+
+    def __init__(self, n_joints: int) -> None:
+        self.n = n_joints
+        self.t: list[float] = []
+        self.raw: list[list[float]] = []
+        self.features: list[np.ndarray] = []
+        self.effort: list[np.ndarray] = []
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.t[-1] - self.t[0] if self.t else 0.0
+
+    def add(self, t_s: float, tracker: TrustTracker, effort_nm) -> None:
+        """The period the tracker just measured at ``t_s`` (``effort_nm``: what it was given)."""
+        self.t.append(t_s)
+        self.raw.append([math.nan if tracker.raw.get(s.value) is None else tracker.raw[s.value] for s in SIGNALS])
+        f = tracker.last_features
+        self.features.append(np.full((self.n, 5), np.nan) if f is None else f)
+        self.effort.append(np.zeros(self.n) if effort_nm is None else np.asarray(effort_nm, dtype=float))
+
+    def run(self, profile: str) -> Run:
+        raw = np.asarray(self.raw, dtype=float).reshape(len(self.t), len(SIGNALS))
+        return Run(profile, np.asarray(self.t), {s.value: raw[:, i] for i, s in enumerate(SIGNALS)},
+                   np.asarray(self.features).reshape(len(self.t), self.n, 5),
+                   np.asarray(self.effort).reshape(len(self.t), self.n), np.zeros(len(self.t), int))
+
+
 def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration | None = None,
             config: TrustConfig | None = None, fault: tuple[str, float] | None = None,
             models_dir: Path | None = None, progress: bool = False, stack=None,
@@ -231,7 +262,7 @@ def detection_latency_periods(run: Run, dt_s: float = 0.01) -> float | None:
     return None if drops.size == 0 else float(round((drops[0] - run.fault_t_s) / dt_s))
 
 
-__all__ = ["BASE_SIGNALS", "DYNAMIC_FAULTS", "FAULTS", "Run", "calibrate_run", "detection_latency_periods",
+__all__ = ["BASE_SIGNALS", "DYNAMIC_FAULTS", "FAULTS", "Run", "RunRecorder", "calibrate_run", "detection_latency_periods",
            "level_drops", "operate", "smooth"]
 
 

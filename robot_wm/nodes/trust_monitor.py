@@ -118,7 +118,7 @@ class TrustMonitorNode(ControlNode):
         self._compute_us: collections.deque = collections.deque(maxlen=2000)  # (cpu, wall) µs per period
         self.tracker = None
         self.calibration = None
-        self._recording: dict | None = None  # calibrate_s > 0: what normal operation looked like
+        self._recording = None  # calibrate_s > 0: what normal operation looked like (trust_eval.RunRecorder)
         self.problem = "not configured"  # why the monitor says STOP on its own (None: it judges)
         self._js: collections.deque = collections.deque(maxlen=64)  # (stamp_s, q, qd, effort or None)
         self._measured_stamp = -math.inf
@@ -210,9 +210,9 @@ class TrustMonitorNode(ControlNode):
                                    f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(self.phases.state.since_unix))}"
                                    f", {phase_path})")
         if self.calibrate_s > 0:
-            from robot_wm.learning.trust_eval import _recording_calibration
+            from robot_wm.learning.trust_eval import RunRecorder, _recording_calibration
 
-            self._recording = {"t": [], "raw": [], "features": [], "effort": []}
+            self._recording = RunRecorder(len(self.joint_names))
             self.calibration = _recording_calibration("any")
             self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s)
             self.problem = None
@@ -495,17 +495,8 @@ class TrustMonitorNode(ControlNode):
 
     # ------------------------------------------------------------------ calibration
     def _record(self, t_s: float, effort) -> None:
-        from robot_wm.core.trust.signals import SIGNALS
-
-        rec = self._recording
-        rec["t"].append(t_s)
-        rec["raw"].append([math.nan if self.tracker.raw.get(s.value) is None else self.tracker.raw[s.value]
-                           for s in SIGNALS])
-        f = self.tracker.last_features
-        n = len(self.joint_names)
-        rec["features"].append(np.full((n, 5), np.nan) if f is None else f)
-        rec["effort"].append(np.zeros(n) if effort is None else effort)
-        elapsed = t_s - rec["t"][0]
+        self._recording.add(t_s, self.tracker, effort)
+        elapsed = self._recording.elapsed_s
         level = 0 if self.simulated_arm else 1
         if elapsed < self.calibrate_s:
             self._publish(level, 1.0, math.nan, math.nan,
@@ -517,14 +508,10 @@ class TrustMonitorNode(ControlNode):
         from robot_wm.core.trust import CalibrationError, EffortModelError, TrustMonitor
         from robot_wm.core.trust import calibration as calib_io
         from robot_wm.core.trust.settings import config_from_params
-        from robot_wm.core.trust.signals import SIGNALS
         from robot_wm.core.trust.tracker import TrustTracker
-        from robot_wm.learning.trust_eval import Run, calibrate_run
+        from robot_wm.learning.trust_eval import calibrate_run
 
-        rec, self._recording = self._recording, None
-        raw = np.asarray(rec["raw"], dtype=float)
-        run = Run(self.profile, np.asarray(rec["t"]), {s.value: raw[:, i] for i, s in enumerate(SIGNALS)},
-                  np.asarray(rec["features"]), np.asarray(rec["effort"]), np.zeros(len(rec["t"]), int))
+        run, self._recording = self._recording.run(self.profile), None
         _, settings = config_from_params(self.params)
         try:
             cal = calibrate_run(run, settings.exceedance, settings.floor_map(), self._config,
