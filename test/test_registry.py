@@ -417,3 +417,51 @@ def test_the_registry_needs_no_ros_torch_or_onnxruntime(tmp_path):
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "reg")], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_tampered_active_set_holds_the_arm_and_ends_no_process(reg, tmp_path):
+    """A file of the active set changed after activation: the filter configures without a model and
+    holds the arm with a zero command, the fault latched and an operator's reset refused
+    (require_model), the policy node refuses to
+    configure, the trust monitor says STOP naming the problem — and each node stays up."""
+    import numpy as np
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    from robot_wm import description
+    from robot_wm.core.safety import FilterState, JointSample, NominalSample, TrustSample, WrenchSample
+    from robot_wm.core.safety.limits import Phase, TrustLevel
+    from robot_wm.nodes.policy_node import PolicyNode
+    from robot_wm.nodes.safety_filter_node import SafetyFilterNode
+    from robot_wm.nodes.trust_monitor import TrustMonitorNode
+
+    new = reg.add(make_set(tmp_path), "track", parent=None, lineage={}, activate=True)
+    with open(new.path / "world_model.onnx", "ab") as fh:
+        fh.write(b"tampered")
+    context = Context()
+    rclpy.init(context=context, args=["--ros-args", "-p", "autostart:=false", "-p", "task:=track"])
+    nodes = [cls(context=context) for cls in (PolicyNode, SafetyFilterNode, TrustMonitorNode)]
+    try:
+        policy, filt, trust = nodes
+        assert policy.on_configure(None) == TransitionCallbackReturn.FAILURE
+        filt.trigger_configure()
+        assert filt.controller is not None and filt.controller.model is None
+        q0 = description.initial_positions(description.joint_limits(description.expand()).names)
+        ctrl = filt.controller
+        for k in range(40):  # an operator's reset and full trust do not make it move either
+            t = 0.01 * k
+            out = ctrl.step(t, joint=JointSample(q0, np.zeros(6), t), nominal=NominalSample(np.full(6, 0.5), t),
+                            wrench=WrenchSample(np.zeros(3), t, ctrl.config.ft_frame),
+                            trust=TrustSample(TrustLevel.FULL, Phase.SIM, t, "test"))
+            assert out.state in (FilterState.ESTOP, FilterState.FAULT) and not np.any(out.u_safe_radps), out
+            if k == 30:
+                ok, why = ctrl.reset()
+                assert not ok, why  # refused while the fault persists
+        assert "world model missing (require_model)" in out.reason, out.reason
+        trust.trigger_configure()
+        assert trust.problem and "world_model.onnx" in trust.problem
+    finally:
+        for node in nodes:
+            node.destroy_node()
+        rclpy.shutdown(context=context)
