@@ -6,6 +6,7 @@ starts the specs that have a Python module as subprocesses. Tests check the plan
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class ProcessSpec:
     arguments: tuple[str, ...] = ()
     parameters: dict[str, Any] = field(default_factory=dict)
     composes: tuple[str, ...] = ()  # node names a composed process hosts (their names are not remapped)
+    fallback: ProcessSpec | None = None  # started instead where ``package`` is not installed (graph.yaml)
 
     @property
     def needs_ros_install(self) -> bool:
@@ -48,7 +50,8 @@ class ProcessSpec:
         return self.module is None
 
 
-_ALLOWED_KEYS = {"name", "package", "executable", "module", "params", "arguments", "description"}
+_ALLOWED_KEYS = {"name", "package", "executable", "module", "params", "arguments", "description", "fallback"}
+_FALLBACK_KEYS = {"package", "executable", "module"}
 
 
 def _parse_entry(entry: Any, where: str) -> tuple[ProcessSpec, bool]:
@@ -63,6 +66,13 @@ def _parse_entry(entry: Any, where: str) -> tuple[ProcessSpec, bool]:
     params = entry.get("params", [])
     if not isinstance(params, list):
         raise GraphError(f"{where}: field 'params' must be a list of file names in config/, got {params!r}")
+    fallback = entry.get("fallback")
+    if fallback is not None:
+        if not isinstance(fallback, dict) or set(fallback) - _FALLBACK_KEYS or not all(
+                isinstance(fallback.get(k), str) and fallback[k] for k in _FALLBACK_KEYS):
+            raise GraphError(f"{where}: field 'fallback' must map exactly {sorted(_FALLBACK_KEYS)} to non-empty "
+                             f"strings (a node the pip path can start), got {fallback!r}")
+        fallback = ProcessSpec(entry["name"], fallback["package"], fallback["executable"], fallback["module"])
     spec = ProcessSpec(
         name=entry["name"],
         package=entry["package"],
@@ -70,6 +80,7 @@ def _parse_entry(entry: Any, where: str) -> tuple[ProcessSpec, bool]:
         module=entry.get("module"),
         param_files=tuple(config_path(p) for p in params),
         arguments=tuple(str(a) for a in entry.get("arguments", [])),
+        fallback=fallback,
     )
     return spec, bool(entry.get("description", False))
 
@@ -141,6 +152,8 @@ def plan(
     enable: bool = False,
     task: str = "reach",
     trust: bool = True,
+    installed: Callable[[str], bool] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> list[ProcessSpec]:
     """Return the processes that bring up robot_wm on ``hardware``.
 
@@ -157,6 +170,10 @@ def plan(
             allowed on the embedded arm only — on hardware an operator enables it.
         task: the task the stack runs ("reach": goal_sequencer, "track": path_sequencer; graph.yaml
             ``tasks``); the policy node gets it as its ``task`` parameter.
+        installed: whether a ROS package can be started (the launch file passes an ament index
+            lookup). None: only what has a Python module (the pip path, ``robot-wm up``). An entry
+            with a ``fallback`` whose package cannot be started is replaced by its fallback.
+        warn: told of each such replacement (one line a person can read).
     Returns:
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
 
@@ -208,6 +225,11 @@ def plan(
             params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
             if enable:
                 params["enable_on_start"] = True
+        if spec.fallback is not None and not (spec.module is not None if installed is None else installed(spec.package)):
+            fb = spec.fallback
+            if warn is not None:
+                warn(f"package {spec.package!r} not found: {fb.package}'s {fb.executable} runs as {spec.name} instead")
+            spec = replace(spec, package=fb.package, executable=fb.executable, module=fb.module, fallback=None)
         specs.append(ProcessSpec(spec.name, spec.package, spec.executable, spec.module, spec.param_files, spec.arguments, params))
     if any(s.name == TRUST_MONITOR for s in specs):
         specs = [replace(s, parameters={**s.parameters, "default_trust_level": _LEVEL_STOP})

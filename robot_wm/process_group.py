@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from robot_wm.graph import ProcessSpec
@@ -34,6 +35,25 @@ def _param_arg(key: str, value: Any) -> str:
     return f"{key}:={text}"
 
 
+def _params_file(node: str, key: str, value: str) -> Path:
+    """A params file holding one parameter that a ``-p`` argument cannot carry (a URDF: YAML-unsafe,
+    many lines). Named by its content, in the temp directory, so a graph started again reuses it."""
+    import hashlib
+    import os
+    import tempfile
+
+    import yaml
+
+    text = yaml.safe_dump({node: {"ros__parameters": {key: value}}})
+    path = Path(tempfile.gettempdir()) / "robot_wm_params" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.yaml"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path
+
+
 def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
     """Return the command line that starts ``spec`` on the pip path (no ROS install)."""
     if spec.module is None:
@@ -45,6 +65,9 @@ def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
         cmd += ["--params-file", str(path)]
     for node in spec.composes or (spec.name,):
         for key, value in spec.parameters.items():
+            if isinstance(value, str) and ("\n" in value or value.lstrip().startswith("<")):
+                cmd += ["--params-file", str(_params_file(node, key, value))]  # after the config files: it wins
+                continue
             # node-qualified: a bare -p is a /** override and loses to the node's own entry in a params file
             cmd += ["-p", f"{node}:{_param_arg(key, value)}"]
     return cmd

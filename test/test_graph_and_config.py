@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_embedded_plan_runs_without_ros_install():
     specs = graph.plan("mujoco", overrides={"profile": "real_twin"})
     runnable = [s for s in specs if not s.needs_ros_install]
-    assert [s.name for s in runnable] == ["arm_sim", "safety_filter", "world_model", "policy", "trust_monitor",
-                                          "goal_sequencer"]
+    assert [s.name for s in runnable] == ["arm_sim", "robot_state_publisher", "safety_filter", "world_model", "policy",
+                                          "trust_monitor", "goal_sequencer"]
     by_name = {s.name: s for s in runnable}
     assert by_name["safety_filter"].parameters["default_trust_level"] == 3  # STOP until the monitor speaks
     assert by_name["trust_monitor"].parameters["simulated_arm"] is True  # a policy in SIM may run on the embedded arm
@@ -153,7 +153,8 @@ def test_composed_plan_hosts_the_hot_path_in_one_process():
     cmd = command_for(stack, python="python")
     assert cmd[:3] == ["python", "-m", "robot_wm.nodes.composed"] and not any("__node:=" in c for c in cmd)
     assert {p.name for p in stack.param_files} == {"robot.yaml", "control.yaml", "safety.yaml"}
-    assert [s.name for s in graph.plan("mujoco", stack=False) if not s.needs_ros_install] == ["arm_sim"]
+    assert [s.name for s in graph.plan("mujoco", stack=False) if not s.needs_ros_install] == ["arm_sim",
+                                                                                            "robot_state_publisher"]
 
 
 def test_composed_plan_passes_overrides_to_every_hosted_node():

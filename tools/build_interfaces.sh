@@ -9,11 +9,11 @@
 # Idempotent: skips everything when the inputs (hash in build/interfaces/.robot_wm_stamp) are
 # unchanged and the installed module still imports. Set ROBOT_WM_FORCE_BUILD=1 to rebuild anyway.
 #
-# First, when `controller_manager_msgs` is not importable (no wheel provides it), it builds the
-# stand-in in tools/interfaces/controller_manager_msgs (srv/SwitchController only, for the command
-# watchdog) into VENV_DIR the same way. A stand-in installed by this script carries a stamp in
-# VENV_DIR/share/controller_manager_msgs and is rebuilt when its sources change; a
-# controller_manager_msgs from elsewhere (a sourced ROS install) is left alone.
+# First, for each interface package no wheel provides (`controller_manager_msgs`: srv/SwitchController
+# for the command watchdog; `tf2_msgs`: msg/TFMessage for the state publisher's /tf), when it is not
+# importable, it builds the stand-in in tools/interfaces/<pkg> into VENV_DIR the same way. A stand-in
+# installed by this script carries a stamp in VENV_DIR/share/<pkg> and is rebuilt when its sources
+# change; a package from elsewhere (a sourced ROS install) is left alone.
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -67,74 +67,69 @@ export AMENT_PREFIX_PATH="$VENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
 export CMAKE_PREFIX_PATH="$VENV${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 export PATH="$VENV/bin:$PATH"
 
-# ---- controller_manager_msgs stand-in (pip path only) ----
-CM_SRC="$REPO/tools/interfaces/controller_manager_msgs"
-CM_BUILD="$REPO/build/controller_manager_msgs"
-CM_STAMP="$VENV/share/controller_manager_msgs/.robot_wm_stamp"  # present only for our stand-in
-
-cm_import_check() {
-  (cd / && "$PY" -c '
-from controller_manager_msgs.srv import SwitchController
-SwitchController.Request(); SwitchController.Response()  # loads the C typesupport extension
-' >/dev/null 2>&1)
+# ---- stand-ins for interface packages no wheel provides (pip path only) ----
+# tools/interfaces/<pkg>: controller_manager_msgs (SwitchController, for the command watchdog) and
+# tf2_msgs (TFMessage, for the state publisher's /tf). Each is built only when <pkg> is not already
+# importable from elsewhere (a sourced ROS install); ours carry a stamp in VENV/share/<pkg>.
+standin_import_check() {  # PKG IMPORT_CODE
+  (cd / && "$PY" -c "$2" >/dev/null 2>&1)
 }
 
-cm_inputs_hash() {
+standin_inputs_hash() {  # PKG
   (
     cd "$REPO"
     echo "venv=$VENV"
     sha256sum tools/build_interfaces.sh cmake/pip_wheels_fixups.cmake
-    find tools/interfaces/controller_manager_msgs -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum
+    find "tools/interfaces/$1" -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum
   ) | sha256sum | cut -d' ' -f1
 }
 
-cm_fail() {
-  echo "build_interfaces: controller_manager_msgs: $1" >&2
-  exit 1
-}
-
-build_controller_manager_msgs() {
-  local hash
-  hash="$(cm_inputs_hash)"
-  if cm_import_check; then
-    if [[ ! -f "$CM_STAMP" ]]; then
-      echo "build_interfaces: controller_manager_msgs is already importable (not the stand-in): leaving it alone"
+build_standin() {  # PKG IMPORT_CODE (the import also loads the C typesupport extension)
+  local pkg="$1" code="$2" hash
+  local src="$REPO/tools/interfaces/$pkg" build="$REPO/build/$pkg" stamp="$VENV/share/$pkg/.robot_wm_stamp"
+  fail() { echo "build_interfaces: $pkg: $1" >&2; exit 1; }
+  hash="$(standin_inputs_hash "$pkg")"
+  if standin_import_check "$pkg" "$code"; then
+    if [[ ! -f "$stamp" ]]; then
+      echo "build_interfaces: $pkg is already importable (not the stand-in): leaving it alone"
       return 0
     fi
-    if [[ -z "${ROBOT_WM_FORCE_BUILD:-}" && "$(cat "$CM_STAMP")" == "$hash" ]]; then
-      echo "build_interfaces: controller_manager_msgs stand-in up to date ($VENV)"
+    if [[ -z "${ROBOT_WM_FORCE_BUILD:-}" && "$(cat "$stamp")" == "$hash" ]]; then
+      echo "build_interfaces: $pkg stand-in up to date ($VENV)"
       return 0
     fi
   fi
-  mkdir -p "$CM_BUILD"
-  if [[ -f "$CM_BUILD/CMakeCache.txt" ]] && \
-     ! grep -qxF "CMAKE_INSTALL_PREFIX:PATH=$VENV" "$CM_BUILD/CMakeCache.txt"; then
-    find "$CM_BUILD" -mindepth 1 -delete
+  mkdir -p "$build"
+  if [[ -f "$build/CMakeCache.txt" ]] && \
+     ! grep -qxF "CMAKE_INSTALL_PREFIX:PATH=$VENV" "$build/CMakeCache.txt"; then
+    find "$build" -mindepth 1 -delete
   fi
-  echo "build_interfaces: building the controller_manager_msgs stand-in into $VENV"
-  rm -f "$CM_STAMP"
-  cmake -S "$CM_SRC" -B "$CM_BUILD" \
+  echo "build_interfaces: building the $pkg stand-in into $VENV"
+  rm -f "$stamp"
+  cmake -S "$src" -B "$build" \
     -DCMAKE_PREFIX_PATH="$VENV" \
     -DCMAKE_INSTALL_PREFIX="$VENV" \
     -DPython3_EXECUTABLE="$PY" \
     -DROBOT_WM_CMAKE_DIR="$REPO/cmake" \
     -DBUILD_TESTING=OFF \
-    -DCMAKE_BUILD_TYPE=Release >"$CM_BUILD/configure.log" 2>&1 \
-    || { cat "$CM_BUILD/configure.log" >&2; cm_fail "cmake configure failed"; }
-  cmake --build "$CM_BUILD" -j2 >"$CM_BUILD/build.log" 2>&1 \
-    || { tail -n 60 "$CM_BUILD/build.log" >&2; cm_fail "build failed"; }
-  cmake --install "$CM_BUILD" >"$CM_BUILD/install.log" 2>&1 \
-    || { tail -n 60 "$CM_BUILD/install.log" >&2; cm_fail "install failed"; }
-  if ! cm_import_check; then
-    (cd / && "$PY" -c 'from controller_manager_msgs.srv import SwitchController as S; S.Request()') >&2 || true
-    cm_fail "installed, but 'from controller_manager_msgs.srv import SwitchController' fails (above)"
+    -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 \
+    || { cat "$build/configure.log" >&2; fail "cmake configure failed"; }
+  cmake --build "$build" -j2 >"$build/build.log" 2>&1 \
+    || { tail -n 60 "$build/build.log" >&2; fail "build failed"; }
+  cmake --install "$build" >"$build/install.log" 2>&1 \
+    || { tail -n 60 "$build/install.log" >&2; fail "install failed"; }
+  if ! standin_import_check "$pkg" "$code"; then
+    (cd / && "$PY" -c "$code") >&2 || true
+    fail "installed, but '$code' fails (above)"
   fi
-  mkdir -p "$(dirname "$CM_STAMP")"
-  echo "$hash" >"$CM_STAMP"
-  echo "build_interfaces: controller_manager_msgs stand-in done ($VENV)"
+  mkdir -p "$(dirname "$stamp")"
+  echo "$hash" >"$stamp"
+  echo "build_interfaces: $pkg stand-in done ($VENV)"
 }
 
-build_controller_manager_msgs
+build_standin controller_manager_msgs \
+  'from controller_manager_msgs.srv import SwitchController; SwitchController.Request(); SwitchController.Response()'
+build_standin tf2_msgs 'from tf2_msgs.msg import TFMessage; TFMessage()'
 
 # ---- robot_wm interfaces ----
 HASH="$(inputs_hash)"

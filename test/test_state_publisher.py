@@ -1,0 +1,169 @@
+"""/robot_description and the arm's TF on every path: robot_wm's state publisher (robot_state_publisher's
+job where no package provides it) and the transform tree it publishes."""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pinocchio as pin
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from robot_wm import description, graph
+from robot_wm.core.kinematics import Kinematics
+from robot_wm.core.tf_tree import TransformTree
+from robot_wm.process_group import command_for
+
+from conftest import wait_for
+from rosclient import arm_sim_command
+
+URDF = description.expand()
+JOINTS = description.joint_limits(URDF).names
+TREE = TransformTree(URDF)
+KIN = Kinematics(URDF, JOINTS)
+
+
+def _se3(t):
+    return pin.XYZQUATToSE3(np.r_[t.translation, t.rotation_xyzw])
+
+
+def _chain(transforms, child):
+    """Compose parent->child edges from the root to ``child`` (what a TF listener does)."""
+    by_child = {t.child: t for t in transforms}
+    pose = pin.SE3.Identity()
+    while child in by_child:
+        edge = by_child[child]
+        pose = _se3(edge) * pose
+        child = edge.parent
+    return child, pose
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-math.pi, math.pi), min_size=len(JOINTS), max_size=len(JOINTS)))
+def test_the_tree_composes_to_the_kinematics_tool_pose(q):
+    q = np.array(q)
+    transforms = TREE.transforms(dict(zip(JOINTS, q))) + TREE.static_transforms()
+    root, pose = _chain(transforms, "tool0")
+    expected = KIN.frame_pose(q)
+    assert root == "world"
+    np.testing.assert_allclose(pose.translation, expected.translation, atol=1e-9)
+    np.testing.assert_allclose(pose.rotation, expected.rotation, atol=1e-9)
+    for t in transforms:
+        assert np.linalg.norm(t.rotation_xyzw) == pytest.approx(1.0)
+
+
+def test_the_tree_has_one_edge_per_urdf_joint_and_keeps_unnamed_joints():
+    tree = TransformTree(URDF)
+    moving = tree.transforms({})
+    assert [t.child for t in moving] == ["shoulder_link", "upper_arm_link", "forearm_link", "wrist_1_link",
+                                         "wrist_2_link", "wrist_3_link"]
+    assert {t.child for t in tree.static_transforms()} == {"base_link", "ft_sensor_link", "tool0"}
+    tree.transforms({JOINTS[0]: 0.7, "gripper_joint": 3.0})  # another device's joint on the topic: ignored
+    after = tree.transforms({JOINTS[1]: 0.2})  # a partial message: joint 0 keeps 0.7
+    expected = TransformTree(URDF).transforms({JOINTS[0]: 0.7, JOINTS[1]: 0.2})
+    assert after == expected
+    with pytest.raises(ValueError, match="not finite"):
+        tree.transforms({JOINTS[2]: float("nan")})
+    assert tree.transforms({}) == expected  # the NaN changed nothing
+    with pytest.raises(ValueError, match="not a usable URDF"):
+        TransformTree("<robot name='x'><link name='a'/>")
+
+
+def test_plans_use_the_state_publisher_where_robot_state_publisher_is_missing():
+    specs = {s.name: s for s in graph.plan("mujoco")}  # the pip path: nothing C++
+    rsp = specs["robot_state_publisher"]
+    assert (rsp.package, rsp.executable, rsp.module) == ("robot_wm", "state_publisher", "robot_wm.nodes.state_publisher")
+    assert rsp.parameters["robot_description"] == URDF
+    warnings = []
+    specs = {s.name: s for s in graph.plan("mock", installed=lambda p: p != "robot_state_publisher", warn=warnings.append)}
+    assert specs["robot_state_publisher"].executable == "state_publisher"
+    assert warnings == ["package 'robot_state_publisher' not found: robot_wm's state_publisher runs as "
+                        "robot_state_publisher instead"]
+    specs = {s.name: s for s in graph.plan("mock", installed=lambda p: True, warn=warnings.append)}
+    assert specs["robot_state_publisher"].executable == "robot_state_publisher"  # a ROS install: the real one
+    assert len(warnings) == 1
+
+
+def test_a_malformed_fallback_entry_is_named(tmp_path):
+    text = (graph.config_path("graph.yaml").read_text()
+            .replace("fallback: {package: robot_wm, executable: state_publisher, module: robot_wm.nodes.state_publisher}",
+                     "fallback: {package: robot_wm}"))
+    bad = tmp_path / "graph.yaml"
+    bad.write_text(text)
+    with pytest.raises(graph.GraphError, match=r"common\[0\]: field 'fallback' must map exactly"):
+        graph.plan("mujoco", graph_path=bad)
+
+
+@pytest.mark.ros
+def test_the_node_publishes_the_description_and_tf_stamped_like_the_joint_states(spawn, ros_context):
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from rclpy.time import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+    from tf2_msgs.msg import TFMessage
+
+    arm = spawn(arm_sim_command())
+    spec = next(s for s in graph.plan("mujoco", stack=False) if s.name == "robot_state_publisher")
+    pub = spawn(command_for(spec))
+    node = Node("tf_test", context=ros_context)
+    latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    got = {"description": [], "static": [], "tf": [], "states": {}}
+    lock = threading.Lock()
+
+    def keep(key):
+        def cb(msg):
+            with lock:
+                got[key].append(msg)
+        return cb
+
+    def on_state(msg):
+        with lock:
+            got["states"][Time.from_msg(msg.header.stamp).nanoseconds] = list(msg.position)
+
+    node.create_subscription(JointState, "/joint_states", on_state, 50)
+    node.create_subscription(TFMessage, "/tf", keep("tf"), 100)
+    stray = node.create_publisher(JointState, "/joint_states", 10)
+    executor = SingleThreadedExecutor(context=ros_context)
+    executor.add_node(node)
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: [executor.spin_once(timeout_sec=0.05) for _ in iter(stop.is_set, True)],
+                              daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(got["tf"]) >= 60, 60.0), f"no /tf:\n{pub.output()}\n{arm.output()}"
+        # late subscribers still get the description and the static transforms (transient local)
+        node.create_subscription(String, "/robot_description", keep("description"), latched)
+        node.create_subscription(TFMessage, "/tf_static", keep("static"), latched)
+        assert wait_for(lambda: got["description"] and got["static"], 20.0), pub.output()
+        assert got["description"][0].data == URDF
+        assert {t.child_frame_id for t in got["static"][0].transforms} == {"base_link", "ft_sensor_link", "tool0"}
+        # a NaN joint state from a faulty source is ignored; the node goes on
+        stray.publish(JointState(name=list(JOINTS), position=[float("nan")] * len(JOINTS)))
+        n = len(got["tf"])
+        assert wait_for(lambda: len(got["tf"]) >= n + 20, 20.0), pub.output()
+        assert pub.process.poll() is None and "not finite" in pub.output()
+        with lock:
+            tfs, states = list(got["tf"]), dict(got["states"])
+        stamps = [Time.from_msg(m.transforms[0].header.stamp).nanoseconds for m in tfs[-40:]]
+        # at most publish_frequency (50 Hz), judged by the stamps: 20 ms apart (one 2 ms state period of slack)
+        assert min(np.diff(stamps)) >= 18e6
+        # each /tf carries a measured joint state's stamp and its positions (this client may drop
+        # some of the 500 Hz states when the machine is loaded: compare those it has)
+        matched = [m for m in tfs if Time.from_msg(m.transforms[0].header.stamp).nanoseconds in states]
+        assert len(matched) >= 5, (stamps[-5:], sorted(states)[-5:], len(states))
+        for m in matched[-5:]:
+            q = states[Time.from_msg(m.transforms[0].header.stamp).nanoseconds]
+            expected = TransformTree(URDF).transforms(dict(zip(JOINTS, q)))
+            for msg_t, exp in zip(m.transforms, expected):
+                assert (msg_t.header.frame_id, msg_t.child_frame_id) == (exp.parent, exp.child)
+                r = msg_t.transform.rotation
+                np.testing.assert_allclose([r.x, r.y, r.z, r.w], exp.rotation_xyzw, atol=1e-9)
+    finally:
+        stop.set()
+        thread.join(2.0)
+        node.destroy_node()
+    assert pub.stop() == 0
