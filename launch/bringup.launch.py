@@ -8,7 +8,10 @@ The safety filter starts latched (zero command) until an operator enables it (`r
 itself, on the embedded arm (hardware:=mujoco) only.
 
 The process list comes from robot_wm.graph.plan() (config/graph.yaml), the same definition
-`robot-wm up` uses, so the two cannot drift. DDS is kept on loopback unless ROBOT_WM_DDS=system.
+`robot-wm up` uses, so the two cannot drift. A node whose package is not installed and that has a
+fallback in graph.yaml (robot_state_publisher: robot_wm's state publisher) is replaced by it, with a
+warning; so the pip path (`make ros-tools`) runs this file too. DDS is kept on loopback unless
+ROBOT_WM_DDS=system.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction, SetEnvironmentVariable
@@ -30,7 +33,19 @@ def _per_node_params_file(nodes, parameters) -> str:
     return f.name
 
 
+def _installed(package: str) -> bool:
+    from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+
+    try:
+        get_package_prefix(package)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
 def _nodes(context):
+    import launch.logging
+
     from robot_wm import graph, rosenv  # imported at launch time, after the workspace is sourced
 
     hardware = LaunchConfiguration("hardware").perform(context)
@@ -43,14 +58,16 @@ def _nodes(context):
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else {}
     overrides.update(graph.policy_overrides(task, "bringup"))
+    log = launch.logging.get_logger("robot_wm.bringup")
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
-                           enable=enable, task=task, trust=trust):
+                           enable=enable, task=task, trust=trust, installed=_installed, warn=log.warning):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
-        if spec.composes and inline:
-            # one process, several nodes: an inline dict would be a /** override, which loses to each
-            # node's own section of the params files; give every hosted node its own section instead
-            params.append(_per_node_params_file(spec.composes, inline))
+        if inline:
+            # launch_ros writes an inline dict under /** when the node has no namespace, and /** loses
+            # to the node's own section of the params files (control.yaml's enable_on_start: false):
+            # give the node (or each node a composed process hosts) a section of its own instead
+            params.append(_per_node_params_file(spec.composes or (spec.name,), inline))
             inline = {}
         actions.append(
             Node(
@@ -71,6 +88,9 @@ def _nodes(context):
 
 
 def generate_launch_description():
+    from robot_wm import rosenv
+
+    rosenv.apply_loopback_dds()  # this process too, before anything in it could start DDS
     return LaunchDescription([
         DeclareLaunchArgument("hardware", default_value="mock",
                               description="mock | gazebo | mujoco | topic_based | <ros2_control plugin name>"),

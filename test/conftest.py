@@ -111,3 +111,5 @@ def ros_context():
 
 
 PYTHON = sys.executable
+# test/launch/ holds launch_testing descriptions: `launch_test` runs them (test/test_launch_tier.py)
+collect_ignore = ["launch"]

@@ -61,7 +61,8 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
     context = Context()
     rclpy.init(args=args, context=context, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     nodes: list[Node] = []
     code = 0
     try:
@@ -92,8 +93,12 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
         executor.shutdown(timeout_sec=1.0)
         if context.ok():
             rclpy.shutdown(context=context)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        # The process is stopping: ignore further SIGINT/SIGTERM until it has exited. On Ctrl-C under
+        # `ros2 launch` a node gets SIGINT twice (from the terminal's process group, then forwarded by
+        # launch), and the interpreter's finalization puts the default handlers back in place of
+        # Python ones, so a second signal then would kill the process (exit -2, "process has died").
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     return code
 
 
