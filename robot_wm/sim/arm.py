@@ -229,6 +229,11 @@ class ArmSim:
         self._stopping = False
         self._rejected = False
 
+    def stop(self) -> None:
+        """Decelerate to rest (the profile's stop deceleration) until the next command arrives, as
+        after a rejected command (robot_wm.driver.ArmDriver.bring_to_rest of the embedded arm)."""
+        self._reject()
+
     def _reject(self) -> None:
         self._pending.clear()
         self._rejected = True

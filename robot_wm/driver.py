@@ -1,0 +1,242 @@
+"""The driver kit: a base class for an arm driver that speaks robot_wm's hardware topic contract.
+
+The contract is what ros2_control's joint_state_broadcaster and JointGroupVelocityController speak,
+so that nothing downstream can tell a driver from a ros2_control arm:
+
+- ``sensor_msgs/JointState`` on ``/joint_states`` at ``publish_rate_hz``, stamped when measured,
+  every joint of the URDF in the order of ``joint_names`` (position rad, velocity rad/s, effort N·m);
+- ``std_msgs/Float64MultiArray`` joint velocities (rad/s) on ``/forward_velocity_controller/commands``;
+  a command of the wrong length, not finite or beyond the URDF's velocity limits is refused with an
+  error naming what was wrong, and the arm is brought to rest;
+- the **command timeout**: no command for ``command_timeout_s`` and the arm is brought to rest, and
+  stays there until a fresh command comes (the safety filter stops publishing when it must: this
+  is the arm's last line);
+- ``diagnostic_msgs/DiagnosticArray`` on ``/diagnostics`` once a second, ``robot_wm/<node name>``:
+  OK, WARN while timed out, ERROR after a driver fault, with ``command_timeout_s`` and
+  ``publish_rate_hz`` among its values (``robot-wm doctor --driver`` reads them);
+- ``~/reset`` (``std_srvs/Trigger``): the driver's :meth:`~ArmDriver.reset`, and a latched fault cleared;
+- an exception from the driver's own methods never ends the node: it is logged, reported as ERROR,
+  the arm is brought to rest and commands are refused until ``~/reset``;
+- the arm is brought to rest when the node shuts down.
+
+A driver subclasses :class:`ArmDriver` and implements :meth:`~ArmDriver.read_state`,
+:meth:`~ArmDriver.write_velocity` and :meth:`~ArmDriver.bring_to_rest` (and, where the arm needs
+them, :meth:`~ArmDriver.reset`, :meth:`~ArmDriver.step`, :meth:`~ArmDriver.publish_extras`). The
+embedded MuJoCo arm (robot_wm.nodes.arm_sim) and the example driver of an imaginary arm
+(robot_wm.nodes.example_arm) are two such drivers; docs/drivers.md is the guide. The checks
+themselves live in robot_wm.core.driver_contract (no ROS).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.context import Context
+from rclpy.node import Node
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+from std_srvs.srv import Trigger
+
+from robot_wm.core.driver_contract import STATE_TEXT, CommandTimeout, DriverState, check_command
+from robot_wm.nodes.params import declare
+from robot_wm.nodes.runner import NodeConfigError
+
+_DIAG_LEVEL = {DriverState.RUNNING: DiagnosticStatus.OK, DriverState.TIMED_OUT: DiagnosticStatus.WARN,
+               DriverState.FAULT: DiagnosticStatus.ERROR}
+
+
+class ArmDriver(Node):
+    """Base of an arm driver: the topic contract, the command timeout, diagnostics and reset.
+
+    Subclasses implement ``read_state``, ``write_velocity`` and ``bring_to_rest``; every call of
+    them is guarded (an exception latches a fault, see the module docstring). Class attribute
+    ``refuse_over_limit`` (default True): a command beyond the URDF's velocity limits is refused;
+    hardware that clamps to its limits itself may set it False.
+
+    Args:
+        node_name: the node's name (graph.yaml's entry names it too).
+        context: the rclpy context (robot_wm.nodes.runner passes it).
+        hardware_id: what diagnostics call the hardware (e.g. a serial number).
+        publish_rate_hz, command_timeout_s: defaults of the parameters of the same names.
+    Raises:
+        NodeConfigError: ``joint_names`` do not match the URDF's joints, or a parameter is out of range.
+    """
+
+    refuse_over_limit = True
+
+    def __init__(self, node_name: str, context: Context | None = None, *, hardware_id: str = "arm",
+                 publish_rate_hz: float = 500.0, command_timeout_s: float = 0.05) -> None:
+        super().__init__(node_name, context=context)
+        from robot_wm import description
+
+        limits = description.joint_limits(description.expand())
+        self.rate_hz = declare(self, "publish_rate_hz", publish_rate_hz, "joint state publish rate (Hz)",
+                               range_=(1.0, 1000.0), read_only=True)
+        self.command_timeout_s = declare(self, "command_timeout_s", command_timeout_s,
+                                         "no command for this long (s) -> the arm is brought to rest",
+                                         range_=(0.002, 5.0), read_only=True)
+        self.states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState output",
+                                    read_only=True)
+        self.command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands",
+                                     "Float64MultiArray joint velocity input (rad/s)", read_only=True)
+        self.joint_names = list(declare(self, "joint_names", list(limits.names), "joint order of commands and states",
+                                        read_only=True))
+        if self.joint_names != list(limits.names):
+            raise NodeConfigError(f"{node_name}: parameter joint_names {self.joint_names} does not match the URDF's "
+                                  f"{list(limits.names)}")
+        self.limits = limits
+        self.hardware_id = hardware_id
+        self.fault: str | None = None  # the first exception of the driver's own methods, until ~/reset
+        self.rejected = 0  # commands refused (malformed, beyond the limits, or during a fault)
+        self._timeout = CommandTimeout(self.command_timeout_s)
+        self._last_tick_s = time.monotonic()
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        self._state_pub = self.create_publisher(JointState, self.states_topic, qos)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_subscription(Float64MultiArray, self.command_topic, self._on_command, qos)
+        self.create_service(Trigger, "~/reset", self._on_reset)
+        self._state_msg = JointState(name=self.joint_names)
+        self.create_timer(1.0 / self.rate_hz, self._on_tick)
+        self.create_timer(1.0, self._publish_diagnostics)
+
+    # ------------------------------------------------------------------ what a driver implements
+    def read_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Return the measured positions (rad), velocities (rad/s) and efforts (N·m, or None) in
+        ``joint_names`` order. Called at ``publish_rate_hz``."""
+        raise NotImplementedError
+
+    def write_velocity(self, command_radps: np.ndarray) -> None:
+        """Send a checked joint velocity command (rad/s, ``joint_names`` order) to the drives."""
+        raise NotImplementedError
+
+    def bring_to_rest(self) -> None:
+        """Bring the arm to a controlled stop and hold it until the next ``write_velocity``
+        (a refused command, a fault, shutdown, and by default the command timeout)."""
+        raise NotImplementedError
+
+    def reset(self) -> str:
+        """Reset the hardware (``~/reset``); return what was done. Default: nothing to reset."""
+        return "nothing to reset"
+
+    def step(self, dt_s: float) -> None:
+        """Advance a simulated arm by ``dt_s`` before each state is read (real hardware: nothing)."""
+
+    def publish_extras(self, stamp: Time) -> None:
+        """Publish what else the arm measures, with the joint state's stamp (e.g. a wrench)."""
+
+    def on_command_timeout(self) -> None:
+        """The command timeout ran out. Default: :meth:`bring_to_rest`. Override only where the
+        hardware stops by its own timeout of the same length (the embedded arm's simulator)."""
+        self.bring_to_rest()
+
+    @property
+    def timed_out(self) -> bool:
+        """True from the command timeout until the next valid command."""
+        return self._timeout.timed_out
+
+    def warning(self) -> str | None:
+        """A condition to report as WARN on /diagnostics (None: nothing)."""
+        return None
+
+    def diagnostic_values(self) -> list[tuple[str, str]]:
+        """Extra (key, value) pairs for /diagnostics."""
+        return []
+
+    # ------------------------------------------------------------------ the contract
+    @property
+    def state(self) -> DriverState:
+        """The driver's state, as /diagnostics reports it."""
+        if self.fault is not None:
+            return DriverState.FAULT
+        return DriverState.TIMED_OUT if self.timed_out else DriverState.RUNNING
+
+    def _guarded(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a driver method; on an exception latch the fault, log it, bring the arm to rest; None."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 (a driver error must not end the node or leave the arm moving)
+            text = f"{what}: {type(exc).__name__}: {exc}"
+            self.fault = self.fault or text
+            self.get_logger().error(f"driver fault in {text}; the arm is brought to rest, commands refused until "
+                                    "~/reset", throttle_duration_sec=1.0)
+            if fn is not self.bring_to_rest:
+                try:
+                    self.bring_to_rest()
+                except Exception as rest_exc:  # noqa: BLE001
+                    self.get_logger().error(f"bring_to_rest failed too: {type(rest_exc).__name__}: {rest_exc}",
+                                            throttle_duration_sec=1.0)
+            return None
+
+    def _on_command(self, msg: Float64MultiArray) -> None:
+        command = np.asarray(msg.data, dtype=float)
+        reason = check_command(command, self.joint_names, self.limits.velocity_radps, self.refuse_over_limit)
+        if reason is None and self.fault is not None:
+            reason = f"driver fault latched ({self.fault}); call ~/reset"
+        if reason is not None:
+            self.rejected += 1
+            self.get_logger().error(f"command rejected, arm brought to rest: {reason}", throttle_duration_sec=1.0)
+            self._guarded("bring_to_rest", self.bring_to_rest)
+            return
+        self._timeout.command(time.monotonic())
+        self._guarded("write_velocity", self.write_velocity, command)
+
+    def _on_tick(self) -> None:
+        now_s = time.monotonic()
+        if self._timeout.expired(now_s):
+            self.get_logger().warning(f"no command for {self.command_timeout_s * 1e3:.0f} ms: bringing the arm to rest",
+                                      throttle_duration_sec=5.0)
+            self._guarded("on_command_timeout", self.on_command_timeout)
+        self._guarded("step", self.step, now_s - self._last_tick_s)
+        self._last_tick_s = now_s
+        stamp = self.get_clock().now().to_msg()  # the measurement's time: taken as the state is read
+        state = self._guarded("read_state", self.read_state)
+        if state is None:
+            return  # nothing measured, nothing published: consumers see the states stop
+        position, velocity, effort = state
+        msg = self._state_msg
+        msg.header.stamp = stamp
+        msg.position = np.asarray(position, dtype=float).tolist()
+        msg.velocity = np.asarray(velocity, dtype=float).tolist()
+        msg.effort = [] if effort is None else np.asarray(effort, dtype=float).tolist()
+        self._state_pub.publish(msg)
+        self._guarded("publish_extras", self.publish_extras, stamp)
+
+    def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        previous, self.fault = self.fault, None
+        done = self._guarded("reset", self.reset)
+        if done is None:
+            response.success, response.message = False, f"reset failed: {self.fault}"
+            return response
+        self._timeout.clear()
+        response.success = True
+        response.message = str(done) + (f"; fault cleared: {previous}" if previous else "")
+        self.get_logger().info(f"reset: {response.message}")
+        return response
+
+    def _publish_diagnostics(self) -> None:
+        state = self.state
+        extra = self._guarded("diagnostic_values", self.diagnostic_values) or []
+        warning = self._guarded("warning", self.warning) if state == DriverState.RUNNING else None
+        state = self.state  # a failing hook above is a fault too
+        status = DiagnosticStatus(name=f"robot_wm/{self.get_name()}", hardware_id=self.hardware_id)
+        status.level = DiagnosticStatus.WARN if (warning and state == DriverState.RUNNING) else _DIAG_LEVEL[state]
+        status.message = {DriverState.FAULT: f"{STATE_TEXT[state]}: {self.fault} (call ~/reset)"}.get(
+            state, warning or STATE_TEXT[state])
+        pairs = [("state", state.name), ("rejected_commands", str(self.rejected)),
+                 ("command_timeout_s", f"{self.command_timeout_s:g}"), ("publish_rate_hz", f"{self.rate_hz:g}")]
+        status.values = [KeyValue(key=k, value=v) for k, v in pairs + list(extra)]
+        msg = DiagnosticArray(status=[status])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(msg)
+
+    def before_shutdown(self) -> None:
+        """Called by the runner before the node is destroyed: the arm is left at rest."""
+        self._guarded("bring_to_rest", self.bring_to_rest)
+
+
+__all__ = ["ArmDriver"]
