@@ -72,7 +72,7 @@ def test_ensure_shipped_registers_the_four_shipped_sets_once(root):
     assert [i.shipped for i in first] == ["models", "models/reach_sim_only", "models/track", "models/track_sim_only"]
     assert [i.version.split("-")[1] for i in first] == ["0001", "0002", "0001", "0002"]
     assert active_version(reg, "reach") == first[0].version and active_version(reg, "track") == first[2].version
-    assert first[0].calibrations == ["nominal", "real_twin"] and first[2].calibrations == ["nominal"]
+    assert first[0].calibrations == ["nominal", "real_twin"] and first[2].calibrations == ["nominal", "real_twin"]
     assert first[1].calibrations == [] and first[3].calibrations == []  # none made for their world models
     assert first[2].files["policy.onnx"] == sha256_file(data_path("models", "track", "policy.onnx"))
     assert first[0].lineage["command"] == "tools/train_default_models.sh reach"
