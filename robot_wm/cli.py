@@ -13,6 +13,7 @@ from pathlib import Path
 EPILOG = """\
 examples:
   robot-wm doctor                     check this machine (interfaces, DDS profile, URDF, models)
+  robot-wm doctor --driver            ... and the running arm driver against the topic contract
   robot-wm sim --profile real_twin    run only the embedded MuJoCo arm (Ctrl-C to stop)
   robot-wm up                         bring up the node graph on the embedded arm
   robot-wm demo                       the whole stack on the embedded arm: goals, then paths; push, e-stop, reports
@@ -53,11 +54,11 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from robot_wm.graph import EMBEDDED, plan
+    from robot_wm.graph import EMBEDDED, PYTHON_ARMS, plan
     from robot_wm.rosenv import loopback_env
     from robot_wm.process_group import ProcessGroup
 
-    if args.hardware != EMBEDDED:
+    if args.hardware not in PYTHON_ARMS:
         print(f"hardware {args.hardware!r} runs through ros2_control, which needs a ROS 2 install:\n"
               f"  ros2 launch robot_wm bringup.launch.py hardware:={args.hardware}\n"
               f"without a ROS install, use the embedded arm: robot-wm up --hardware {EMBEDDED}", file=sys.stderr)
@@ -75,7 +76,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     group.start()
     for child in group.children:
         print(f"up: {child.spec.name} running (pid {child.process.pid})")
-    print("up: graph running on the embedded arm; Ctrl-C to stop", flush=True)
+    print(f"up: graph running on {args.hardware}; Ctrl-C to stop", flush=True)
     if not args.enable:
         print("up: the safety filter starts latched (zero command) until an operator enables it: robot-wm reset",
               flush=True)
@@ -103,7 +104,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from robot_wm.doctor import run_doctor
 
-    return run_doctor(live=not args.offline)
+    return run_doctor(live=not args.offline, driver=args.driver, move=not args.no_motion, rest_margin_s=args.rest_margin)
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -189,13 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sim)
 
     p = verbs.add_parser("up", help="bring up the node graph (config/graph.yaml) on the embedded arm")
-    p.add_argument("--hardware", default="mujoco", help="mujoco (default); other hardware needs `ros2 launch` on a ROS install")
+    p.add_argument("--hardware", default="mujoco", help="mujoco (default) or example (the driver kit's imaginary arm); other hardware needs `ros2 launch` on a ROS install")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process (lowest latency)")
     p.add_argument("--task", default="reach", choices=("reach", "track"),
                    help="reach: goals (goal_sequencer); track: reference paths (path_sequencer)")
     p.add_argument("--enable", action="store_true",
-                   help="let the safety filter enable itself once its inputs are healthy (embedded arm only; "
+                   help="let the safety filter enable itself once its inputs are healthy (embedded and example arms only; "
                         "without it the filter waits for `robot-wm reset`)")
     p.add_argument("--no-trust", action="store_true",
                    help="leave the trust monitor out (the filter runs on its configured default trust level)")
@@ -213,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("doctor", help="check the environment and say how to fix what is wrong")
     p.add_argument("--offline", action="store_true", help="skip the live ROS 2 round trip")
+    p.add_argument("--driver", action="store_true",
+                   help="check the running arm driver against the topic contract (docs/drivers.md): joint names and "
+                        "order, rate and stamps, diagnostics, and, with no other command publisher, that a slow "
+                        "command moves the last joint and the command timeout brings it to rest (the arm moves)")
+    p.add_argument("--no-motion", action="store_true", help="with --driver: do not command the arm")
+    p.add_argument("--rest-margin", type=float, default=0.25,
+                   help="with --driver: seconds after the command timeout the arm may take to be at rest (default 0.25)")
     p.set_defaults(func=_cmd_doctor)
 
     p = verbs.add_parser("estop", help="operator: latch the e-stop (zero command within one control period)")

@@ -42,12 +42,13 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
-from robot_wm.core.driver_contract import STATE_TEXT, CommandTimeout, DriverState, check_command
+from robot_wm.core.driver_contract import STATE_TEXT, CommandTimeout, DriverState, Refusal, check_command
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError
 
 _DIAG_LEVEL = {DriverState.RUNNING: DiagnosticStatus.OK, DriverState.TIMED_OUT: DiagnosticStatus.WARN,
                DriverState.FAULT: DiagnosticStatus.ERROR}
+_REFUSAL_LOG_PERIOD_S = 1.0  # a stream of bad commands logs each kind of refusal once a second
 
 
 class ArmDriver(Node):
@@ -93,6 +94,7 @@ class ArmDriver(Node):
         self.hardware_id = hardware_id
         self.fault: str | None = None  # the first exception of the driver's own methods, until ~/reset
         self.rejected = 0  # commands refused (malformed, beyond the limits, or during a fault)
+        self._refusal_logged_s: dict[Refusal, float] = {}
         self._timeout = CommandTimeout(self.command_timeout_s)
         self._last_tick_s = time.monotonic()
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
@@ -174,12 +176,16 @@ class ArmDriver(Node):
 
     def _on_command(self, msg: Float64MultiArray) -> None:
         command = np.asarray(msg.data, dtype=float)
-        reason = check_command(command, self.joint_names, self.limits.velocity_radps, self.refuse_over_limit)
-        if reason is None and self.fault is not None:
-            reason = f"driver fault latched ({self.fault}); call ~/reset"
-        if reason is not None:
+        refusal = check_command(command, self.joint_names, self.limits.velocity_radps, self.refuse_over_limit)
+        if refusal is None and self.fault is not None:
+            refusal = Refusal.FAULT, f"driver fault latched ({self.fault}); call ~/reset"
+        if refusal is not None:
             self.rejected += 1
-            self.get_logger().error(f"command rejected, arm brought to rest: {reason}", throttle_duration_sec=1.0)
+            kind, text = refusal
+            now_s = time.monotonic()
+            if now_s - self._refusal_logged_s.get(kind, -1e9) >= _REFUSAL_LOG_PERIOD_S:  # each kind once a second
+                self._refusal_logged_s[kind] = now_s
+                self.get_logger().error(f"command rejected, arm brought to rest: {text}")
             self._guarded("bring_to_rest", self.bring_to_rest)
             return
         self._timeout.command(time.monotonic())

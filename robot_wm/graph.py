@@ -16,14 +16,18 @@ import yaml
 from robot_wm.paths import config_path
 
 EMBEDDED = "mujoco"
-KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco")
+KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco", "example")
 SAFETY_FILTER = "safety_filter"
 TRUST_MONITOR = "trust_monitor"
 POLICY = "policy"
 WORLD_MODEL = "world_model"
 TASKS = ("reach", "track")
 _PHASE_SIM, _PHASE_REAL, _LEVEL_STOP = 0, 2, 3  # msg/TrustState.msg PHASE_SIM, PHASE_REAL, LEVEL_STOP
-SIMULATED_HARDWARE = (EMBEDDED, "mock", "gazebo")  # a policy in phase SIM may run on these (not on a real arm)
+EXAMPLE = "example"  # the driver kit's imaginary arm (robot_wm.nodes.example_arm)
+SIMULATED_HARDWARE = (EMBEDDED, EXAMPLE, "mock", "gazebo")  # a policy in phase SIM may run on these (not on a real arm)
+PYTHON_ARMS = (EMBEDDED, EXAMPLE)  # simulated arms with a Python driver: `robot-wm up` runs them, enable is allowed
+# parameters the stack needs for an arm that differs from the embedded one (the imaginary arm has no F/T sensor)
+_ARM_STACK_PARAMETERS = {EXAMPLE: {"safety_filter": {"force_sensor": False}}}
 
 
 class GraphError(ValueError):
@@ -167,7 +171,7 @@ def plan(
         trust: include the trust monitor (False: the filter runs on its configured default trust level,
             e.g. to exercise the filter alone; the product graph has it).
         enable: let the safety filter release its start latch by itself (``enable_on_start``);
-            allowed on the embedded arm only — on hardware an operator enables it.
+            allowed on the embedded and example arms only — on hardware an operator enables it.
         task: the task the stack runs ("reach": goal_sequencer, "track": path_sequencer; graph.yaml
             ``tasks``); the policy node gets it as its ``task`` parameter.
         installed: whether a ROS package can be started (the launch file passes an ament index
@@ -189,7 +193,7 @@ def plan(
 
     if not hardware or any(c.isspace() for c in hardware):
         raise GraphError(f"hardware {hardware!r}: expected mock, gazebo, topic_based, mujoco or a plugin name")
-    if enable and hardware != EMBEDDED:
+    if enable and hardware not in PYTHON_ARMS:
         raise GraphError(f"enable (enable_on_start) is for the embedded arm only, not hardware {hardware!r}: "
                          "on hardware an operator enables the safety filter (robot-wm reset)")
     if task not in TASKS:
@@ -215,14 +219,15 @@ def plan(
             params.update(overrides)
         if spec.name == POLICY:  # the task, and the phase whose acceleration box its slew limit uses
             params["task"] = task
-            params["phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
+            params["phase"] = _PHASE_SIM if hardware in PYTHON_ARMS else _PHASE_REAL
         if spec.name == TRUST_MONITOR:  # whether the arm is a simulator, the task whose normal operation it knows
             params["simulated_arm"] = hardware in SIMULATED_HARDWARE
             params["task"] = task
         if spec.name in (WORLD_MODEL, SAFETY_FILTER):  # both load the task's active world model: the same file
             params["task"] = task
+        params.update(_ARM_STACK_PARAMETERS.get(hardware, {}).get(spec.name, {}))
         if spec.name == SAFETY_FILTER:
-            params["default_phase"] = _PHASE_SIM if hardware == EMBEDDED else _PHASE_REAL
+            params["default_phase"] = _PHASE_SIM if hardware in PYTHON_ARMS else _PHASE_REAL
             if enable:
                 params["enable_on_start"] = True
         if spec.fallback is not None and not (spec.module is not None if installed is None else installed(spec.package)):

@@ -28,9 +28,19 @@ STATE_TEXT = {
 }
 
 
+class Refusal(enum.Enum):
+    """Why a command is refused (a driver logs each kind at most once a second, say why in text)."""
+
+    WRONG_LENGTH = "wrong length"
+    NOT_FINITE = "not finite"
+    OVER_LIMIT = "beyond the velocity limits"
+    FAULT = "driver fault"
+
+
 def check_command(command: np.ndarray, joint_names: Sequence[str], velocity_limits_radps: np.ndarray,
-                  check_limits: bool = True) -> str | None:
-    """Return why a joint velocity command must be refused, or None when it may reach the drives.
+                  check_limits: bool = True) -> tuple[Refusal, str] | None:
+    """Return why a joint velocity command must be refused (the kind and a text naming the joints
+    and values), or None when it may reach the drives.
 
     Args:
         command: the command's values (rad/s), expected in ``joint_names`` order.
@@ -40,15 +50,15 @@ def check_command(command: np.ndarray, joint_names: Sequence[str], velocity_limi
     """
     n = len(joint_names)
     if command.shape != (n,):
-        return f"{command.size} values, expected {n} ({', '.join(joint_names)})"
+        return Refusal.WRONG_LENGTH, f"{command.size} values, expected {n} ({', '.join(joint_names)})"
     bad = [f"{name}={v}" for name, v in zip(joint_names, command) if not math.isfinite(v)]
     if bad:
-        return f"non-finite values ({', '.join(bad)})"
+        return Refusal.NOT_FINITE, f"non-finite values ({', '.join(bad)})"
     if check_limits:
         over = [f"{name} {v:+.3f} (limit {lim:.3f})" for name, v, lim in zip(joint_names, command, velocity_limits_radps)
                 if abs(v) > lim * (1 + 1e-9)]
         if over:
-            return f"beyond the URDF velocity limits: {', '.join(over)} rad/s"
+            return Refusal.OVER_LIMIT, f"beyond the URDF velocity limits: {', '.join(over)} rad/s"
     return None
 
 
@@ -112,4 +122,4 @@ def rest_after_s(stamps_s: Sequence[float], speeds_radps: Sequence[float], t0_s:
     return after[i][0] - t0_s
 
 
-__all__ = ["CommandTimeout", "DriverState", "STATE_TEXT", "check_command", "rate_hz", "rest_after_s"]
+__all__ = ["CommandTimeout", "DriverState", "Refusal", "STATE_TEXT", "check_command", "rate_hz", "rest_after_s"]
