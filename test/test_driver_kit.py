@@ -270,7 +270,7 @@ def test_the_example_driver_runs_the_demo_goals_through_the_whole_stack(spawn, r
         if trust[-1].level == 4:
             operator_actions.append(f"acknowledge HUMAN ({trust[-1].reason})")
             client.call(Trigger, "/trust_monitor/acknowledge", Trigger.Request())
-        elif trust[-1].level < 3 and client.statuses and "trust" in client.statuses[-1].latches:
+        elif trust[-1].level < 3 and client.statuses and list(client.statuses[-1].latches) == ["trust"]:
             operator_actions.append(f"reset the filter's trust latch ({client.statuses[-1].fault_reason})")
             client.call(Trigger, "/robot_wm/reset_estop", Trigger.Request())
         else:
