@@ -51,6 +51,9 @@ _DIAG_LEVEL = {DriverState.RUNNING: DiagnosticStatus.OK, DriverState.TIMED_OUT: 
 _REFUSAL_LOG_PERIOD_S = 1.0  # a stream of bad commands logs each kind of refusal once a second
 
 
+_REQUIRED = ("read_state", "write_velocity", "bring_to_rest")  # what every driver implements
+
+
 class ArmDriver(Node):
     """Base of an arm driver: the topic contract, the command timeout, diagnostics and reset.
 
@@ -72,6 +75,10 @@ class ArmDriver(Node):
 
     def __init__(self, node_name: str, context: Context | None = None, *, hardware_id: str = "arm",
                  publish_rate_hz: float = 500.0, command_timeout_s: float = 0.05) -> None:
+        missing = [m for m in _REQUIRED if getattr(type(self), m) is getattr(ArmDriver, m)]
+        if missing:  # refused before the node exists: never a driver that faults on every tick
+            raise NodeConfigError(f"{type(self).__name__}: an ArmDriver must implement {missing} "
+                                  "(docs/drivers.md)")
         super().__init__(node_name, context=context)
         from robot_wm import description
 
@@ -110,16 +117,16 @@ class ArmDriver(Node):
     def read_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Return the measured positions (rad), velocities (rad/s) and efforts (N·m, or None) in
         ``joint_names`` order. Called at ``publish_rate_hz``."""
-        raise NotImplementedError
+        ...  # required: ArmDriver.__init__ refuses a driver without it
 
     def write_velocity(self, command_radps: np.ndarray) -> None:
         """Send a checked joint velocity command (rad/s, ``joint_names`` order) to the drives."""
-        raise NotImplementedError
+        ...  # required: ArmDriver.__init__ refuses a driver without it
 
     def bring_to_rest(self) -> None:
         """Bring the arm to a controlled stop and hold it until the next ``write_velocity``
         (a refused command, a fault, shutdown, and by default the command timeout)."""
-        raise NotImplementedError
+        ...  # required: ArmDriver.__init__ refuses a driver without it
 
     def reset(self) -> str:
         """Reset the hardware (``~/reset``); return what was done. Default: nothing to reset."""

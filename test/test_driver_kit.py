@@ -22,6 +22,18 @@ JOINTS = LIMITS.names
 
 
 # ---------------------------------------------------------------- the contract without ROS
+def test_a_driver_missing_a_required_method_is_refused_naming_it():
+    from robot_wm.driver import ArmDriver
+    from robot_wm.nodes.runner import NodeConfigError
+
+    class Half(ArmDriver):
+        def read_state(self):
+            return np.zeros(6), np.zeros(6), None
+
+    with pytest.raises(NodeConfigError, match=r"Half: an ArmDriver must implement \['write_velocity', 'bring_to_rest'\]"):
+        Half("half")
+
+
 @pytest.mark.parametrize("command, kind, words", [
     ([0.1] * 5, Refusal.WRONG_LENGTH, "5 values, expected 6"),
     ([0.1, float("nan"), 0, 0, 0, 0], Refusal.NOT_FINITE, "non-finite values (shoulder_lift_joint=nan)"),
