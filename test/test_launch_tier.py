@@ -13,13 +13,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, wait_for
+from rosclient import ArmClient
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -66,8 +66,6 @@ def test_the_launch_testing_tier_passes():
 def test_ctrl_c_stops_the_composed_bringup_cleanly_and_the_arm_is_visible(ros_context):
     """`ros2 launch ... composed:=true`, then SIGINT to the whole process group (what a terminal's
     Ctrl-C does): /robot_description and /tf were there, every process finishes cleanly, none is left."""
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.node import Node
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
     from tf2_msgs.msg import TFMessage
@@ -78,18 +76,12 @@ def test_ctrl_c_stops_the_composed_bringup_cleanly_and_the_arm_is_visible(ros_co
     proc = subprocess.Popen([_tool("ros2"), "launch", "robot_wm", "bringup.launch.py", "hardware:=mujoco",
                              "composed:=true", "enable:=true"], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd="/", start_new_session=True)
-    node = Node("launch_tier_ctrl_c", context=ros_context)
-    got: dict[str, list] = {"description": [], "tf": [], "status": []}
+    client = ArmClient(ros_context, name="launch_tier_ctrl_c", start=False)  # records /robot_wm/safety_status
+    got: dict[str, list] = {"description": [], "tf": []}
     latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-    node.create_subscription(String, "/robot_description", got["description"].append, latched)
-    node.create_subscription(TFMessage, "/tf", got["tf"].append, 10)
-    node.create_subscription(SafetyStatus, "/robot_wm/safety_status", got["status"].append, 10)
-    executor = SingleThreadedExecutor(context=ros_context)
-    executor.add_node(node)
-    stop = threading.Event()
-    thread = threading.Thread(target=lambda: [executor.spin_once(timeout_sec=0.05) for _ in iter(stop.is_set, True)],
-                              daemon=True)
-    thread.start()
+    client.node.create_subscription(String, "/robot_description", got["description"].append, latched)
+    client.node.create_subscription(TFMessage, "/tf", got["tf"].append, 10)
+    client.start()
 
     def output() -> str:
         log.flush()
@@ -97,8 +89,8 @@ def test_ctrl_c_stops_the_composed_bringup_cleanly_and_the_arm_is_visible(ros_co
 
     try:
         running = (SafetyStatus.OK, SafetyStatus.FILTERING)
-        assert wait_for(lambda: got["description"] and got["tf"] and got["status"]
-                        and got["status"][-1].state in running, 150.0, 0.1), output()[-4000:]
+        assert wait_for(lambda: got["description"] and got["tf"] and client.statuses
+                        and client.statuses[-1].state in running, 150.0, 0.1), output()[-4000:]
         assert "<robot" in got["description"][0].data
         assert {t.child_frame_id for t in got["tf"][-1].transforms} >= {"shoulder_link", "wrist_3_link"}
         t0 = time.monotonic()
@@ -106,9 +98,7 @@ def test_ctrl_c_stops_the_composed_bringup_cleanly_and_the_arm_is_visible(ros_co
         code = proc.wait(timeout=30)
         elapsed = time.monotonic() - t0
     finally:
-        stop.set()
-        thread.join(2.0)
-        node.destroy_node()
+        client.close()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

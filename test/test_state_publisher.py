@@ -3,7 +3,6 @@ job where no package provides it) and the transform tree it publishes."""
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 import pinocchio as pin
@@ -17,7 +16,7 @@ from robot_wm.core.tf_tree import TransformTree
 from robot_wm.process_group import command_for
 
 from conftest import wait_for
-from rosclient import arm_sim_command
+from rosclient import ArmClient, arm_sim_command
 
 URDF = description.expand()
 JOINTS = description.joint_limits(URDF).names
@@ -98,10 +97,7 @@ def test_a_malformed_fallback_entry_is_named(tmp_path):
 
 @pytest.mark.ros
 def test_the_node_publishes_the_description_and_tf_stamped_like_the_joint_states(spawn, ros_context):
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.node import Node
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-    from rclpy.time import Time
     from sensor_msgs.msg import JointState
     from std_msgs.msg import String
     from tf2_msgs.msg import TFMessage
@@ -109,61 +105,51 @@ def test_the_node_publishes_the_description_and_tf_stamped_like_the_joint_states
     arm = spawn(arm_sim_command())
     spec = next(s for s in graph.plan("mujoco", stack=False) if s.name == "robot_state_publisher")
     pub = spawn(command_for(spec))
-    node = Node("tf_test", context=ros_context)
-    latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-    got = {"description": [], "static": [], "tf": [], "states": {}}
-    lock = threading.Lock()
-
-    def keep(key):
-        def cb(msg):
-            with lock:
-                got[key].append(msg)
-        return cb
-
-    def on_state(msg):
-        with lock:
-            got["states"][Time.from_msg(msg.header.stamp).nanoseconds] = list(msg.position)
-
-    node.create_subscription(JointState, "/joint_states", on_state, 50)
-    node.create_subscription(TFMessage, "/tf", keep("tf"), 100)
-    stray = node.create_publisher(JointState, "/joint_states", 10)
-    executor = SingleThreadedExecutor(context=ros_context)
-    executor.add_node(node)
-    stop = threading.Event()
-    thread = threading.Thread(target=lambda: [executor.spin_once(timeout_sec=0.05) for _ in iter(stop.is_set, True)],
-                              daemon=True)
-    thread.start()
+    client = ArmClient(ros_context, start=False)  # records /joint_states with their stamps
+    tf: list = []
+    client.node.create_subscription(TFMessage, "/tf", tf.append, 100)
+    stray = client.node.create_publisher(JointState, "/joint_states", 10)
+    client.start()
+    late = None
     try:
-        assert wait_for(lambda: len(got["tf"]) >= 60, 60.0), f"no /tf:\n{pub.output()}\n{arm.output()}"
-        # late subscribers still get the description and the static transforms (transient local)
-        node.create_subscription(String, "/robot_description", keep("description"), latched)
-        node.create_subscription(TFMessage, "/tf_static", keep("static"), latched)
-        assert wait_for(lambda: got["description"] and got["static"], 20.0), pub.output()
-        assert got["description"][0].data == URDF
-        assert {t.child_frame_id for t in got["static"][0].transforms} == {"base_link", "ft_sensor_link", "tool0"}
+        assert wait_for(lambda: len(tf) >= 60, 60.0), f"no /tf:\n{pub.output()}\n{arm.output()}"
+        # a late subscriber still gets the description and the static transforms (transient local)
+        late = ArmClient(ros_context, name="late_client", start=False)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        described, static = [], []
+        late.node.create_subscription(String, "/robot_description", described.append, latched)
+        late.node.create_subscription(TFMessage, "/tf_static", static.append, latched)
+        late.start()
+        assert wait_for(lambda: described and static, 20.0), pub.output()
+        assert described[0].data == URDF
+        assert {t.child_frame_id for t in static[0].transforms} == {"base_link", "ft_sensor_link", "tool0"}
         # a NaN joint state from a faulty source is ignored; the node goes on
         stray.publish(JointState(name=list(JOINTS), position=[float("nan")] * len(JOINTS)))
-        n = len(got["tf"])
-        assert wait_for(lambda: len(got["tf"]) >= n + 20, 20.0), pub.output()
+        n = len(tf)
+        assert wait_for(lambda: len(tf) >= n + 20, 20.0), pub.output()
         assert pub.process.poll() is None and "not finite" in pub.output()
-        with lock:
-            tfs, states = list(got["tf"]), dict(got["states"])
-        stamps = [Time.from_msg(m.transforms[0].header.stamp).nanoseconds for m in tfs[-40:]]
+        with client.lock:
+            states = {s[5]: s[1] for s in client.states if s[4]}  # stamp (s) -> positions
+        tfs = list(tf)
+
+        def stamp(m):
+            return m.transforms[0].header.stamp.sec + 1e-9 * m.transforms[0].header.stamp.nanosec
+
+        stamps = [stamp(m) for m in tfs[-40:]]
         # at most publish_frequency (50 Hz), judged by the stamps: 20 ms apart (one 2 ms state period of slack)
-        assert min(np.diff(stamps)) >= 18e6
+        assert min(np.diff(stamps)) >= 0.018
         # each /tf carries a measured joint state's stamp and its positions (this client may drop
         # some of the 500 Hz states when the machine is loaded: compare those it has)
-        matched = [m for m in tfs if Time.from_msg(m.transforms[0].header.stamp).nanoseconds in states]
+        matched = [m for m in tfs if stamp(m) in states]
         assert len(matched) >= 5, (stamps[-5:], sorted(states)[-5:], len(states))
         for m in matched[-5:]:
-            q = states[Time.from_msg(m.transforms[0].header.stamp).nanoseconds]
-            expected = TransformTree(URDF).transforms(dict(zip(JOINTS, q)))
+            expected = TransformTree(URDF).transforms(dict(zip(JOINTS, states[stamp(m)])))
             for msg_t, exp in zip(m.transforms, expected):
                 assert (msg_t.header.frame_id, msg_t.child_frame_id) == (exp.parent, exp.child)
                 r = msg_t.transform.rotation
                 np.testing.assert_allclose([r.x, r.y, r.z, r.w], exp.rotation_xyzw, atol=1e-9)
     finally:
-        stop.set()
-        thread.join(2.0)
-        node.destroy_node()
+        if late is not None:
+            late.close()
+        client.close()
     assert pub.stop() == 0
