@@ -6,6 +6,7 @@ starts the specs that have a Python module as subprocesses. Tests check the plan
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -158,6 +159,7 @@ def plan(
     trust: bool = True,
     installed: Callable[[str], bool] | None = None,
     warn: Callable[[str], None] | None = None,
+    fallbacks: bool | None = None,
 ) -> list[ProcessSpec]:
     """Return the processes that bring up robot_wm on ``hardware``.
 
@@ -178,6 +180,9 @@ def plan(
             lookup). None: only what has a Python module (the pip path, ``robot-wm up``). An entry
             with a ``fallback`` whose package cannot be started is replaced by its fallback.
         warn: told of each such replacement (one line a person can read).
+        fallbacks: False leaves such entries out instead (robot_wm's state publisher costs about a
+            fifth of a core at the arm's 500 Hz). None: ``$ROBOT_WM_FALLBACKS`` != "0" (the test
+            harness sets 0 so the 2 cores go to what each test measures; the TF tests pass True).
     Returns:
         ProcessSpecs in start order: hardware, common nodes, then the control stack.
 
@@ -231,6 +236,8 @@ def plan(
             if enable:
                 params["enable_on_start"] = True
         if spec.fallback is not None and not (spec.module is not None if installed is None else installed(spec.package)):
+            if not (os.environ.get("ROBOT_WM_FALLBACKS", "1") != "0" if fallbacks is None else fallbacks):
+                continue
             fb = spec.fallback
             if warn is not None:
                 warn(f"package {spec.package!r} not found: {fb.package}'s {fb.executable} runs as {spec.name} instead")

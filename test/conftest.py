@@ -27,6 +27,10 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 import tempfile  # noqa: E402
 
 os.environ["ROBOT_WM_STATE_DIR"] = tempfile.mkdtemp(prefix="robot_wm_test_state_")
+# robot_wm's Python state publisher (graph.yaml fallback for robot_state_publisher, about a fifth of a
+# core at 500 Hz) only where a test asks for it (graph.plan(fallbacks=True)): the 2 cores go to what
+# each test measures; the product graph (robot-wm up, ros2 launch) has it
+os.environ["ROBOT_WM_FALLBACKS"] = "0"
 # ... and the model registry under it (state_dir()/models), never a developer's ROBOT_WM_MODELS_DIR
 os.environ.pop("ROBOT_WM_MODELS_DIR", None)
 

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_embedded_plan_runs_without_ros_install():
-    specs = graph.plan("mujoco", overrides={"profile": "real_twin"})
+    specs = graph.plan("mujoco", overrides={"profile": "real_twin"}, fallbacks=True)
     runnable = [s for s in specs if not s.needs_ros_install]
     assert [s.name for s in runnable] == ["arm_sim", "robot_state_publisher", "safety_filter", "world_model", "policy",
                                           "trust_monitor", "goal_sequencer"]
@@ -53,7 +53,7 @@ def test_the_task_picks_the_target_node_and_the_policys_task():
 
 @pytest.mark.parametrize("hardware", ["mock", "topic_based", "acme_driver/AcmeSystem"])
 def test_ros2_control_plan(hardware):
-    specs = graph.plan(hardware, hardware_params="ip=127.0.0.1")
+    specs = graph.plan(hardware, hardware_params="ip=127.0.0.1", fallbacks=True)
     by_name = {s.name: s for s in specs}
     assert by_name["controller_manager"].executable == "ros2_control_node"
     assert by_name["controller_manager"].param_files == (config_path("controllers.yaml"),)
@@ -153,7 +153,8 @@ def test_composed_plan_hosts_the_hot_path_in_one_process():
     cmd = command_for(stack, python="python")
     assert cmd[:3] == ["python", "-m", "robot_wm.nodes.composed"] and not any("__node:=" in c for c in cmd)
     assert {p.name for p in stack.param_files} == {"robot.yaml", "control.yaml", "safety.yaml"}
-    assert [s.name for s in graph.plan("mujoco", stack=False) if not s.needs_ros_install] == ["arm_sim",
+    assert [s.name for s in graph.plan("mujoco", stack=False) if not s.needs_ros_install] == ["arm_sim"]
+    assert [s.name for s in graph.plan("mujoco", stack=False, fallbacks=True)] == ["arm_sim",
                                                                                             "robot_state_publisher"]
 
 

@@ -75,7 +75,8 @@ def test_ctrl_c_stops_the_composed_bringup_cleanly_and_the_arm_is_visible(ros_co
     log = tempfile.NamedTemporaryFile("w+", prefix="robot_wm_launch_", suffix=".log", delete=False)
     proc = subprocess.Popen([_tool("ros2"), "launch", "robot_wm", "bringup.launch.py", "hardware:=mujoco",
                              "composed:=true", "enable:=true"], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, cwd="/", start_new_session=True)
+                            stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
+                            env={**os.environ, "ROBOT_WM_FALLBACKS": "1"})  # the product graph: with TF
     client = ArmClient(ros_context, name="launch_tier_ctrl_c", start=False)  # records /robot_wm/safety_status
     got: dict[str, list] = {"description": [], "tf": []}
     latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)

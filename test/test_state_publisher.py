@@ -71,17 +71,19 @@ def test_the_tree_has_one_edge_per_urdf_joint_and_keeps_unnamed_joints():
 
 
 def test_plans_use_the_state_publisher_where_robot_state_publisher_is_missing():
-    specs = {s.name: s for s in graph.plan("mujoco")}  # the pip path: nothing C++
+    specs = {s.name: s for s in graph.plan("mujoco", fallbacks=True)}  # the pip path: nothing C++
     rsp = specs["robot_state_publisher"]
     assert (rsp.package, rsp.executable, rsp.module) == ("robot_wm", "state_publisher", "robot_wm.nodes.state_publisher")
     assert rsp.parameters["robot_description"] == URDF
     warnings = []
-    specs = {s.name: s for s in graph.plan("mock", installed=lambda p: p != "robot_state_publisher", warn=warnings.append)}
+    specs = {s.name: s for s in graph.plan("mock", installed=lambda p: p != "robot_state_publisher", warn=warnings.append,
+                                                fallbacks=True)}
     assert specs["robot_state_publisher"].executable == "state_publisher"
     assert warnings == ["package 'robot_state_publisher' not found: robot_wm's state_publisher runs as "
                         "robot_state_publisher instead"]
-    specs = {s.name: s for s in graph.plan("mock", installed=lambda p: True, warn=warnings.append)}
-    assert specs["robot_state_publisher"].executable == "robot_state_publisher"  # a ROS install: the real one
+    specs = {s.name: s for s in graph.plan("mock", installed=lambda p: True, warn=warnings.append, fallbacks=False)}
+    assert specs["robot_state_publisher"].executable == "robot_state_publisher"  # a ROS install: the real one, always
+    assert "robot_state_publisher" not in {s.name for s in graph.plan("mujoco", fallbacks=False)}
     assert len(warnings) == 1
 
 
@@ -103,7 +105,7 @@ def test_the_node_publishes_the_description_and_tf_stamped_like_the_joint_states
     from tf2_msgs.msg import TFMessage
 
     arm = spawn(arm_sim_command())
-    spec = next(s for s in graph.plan("mujoco", stack=False) if s.name == "robot_state_publisher")
+    spec = next(s for s in graph.plan("mujoco", stack=False, fallbacks=True) if s.name == "robot_state_publisher")
     pub = spawn(command_for(spec))
     client = ArmClient(ros_context, start=False)  # records /joint_states with their stamps
     tf: list = []
