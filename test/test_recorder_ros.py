@@ -13,7 +13,11 @@ from conftest import wait_for
 @pytest.mark.ros
 @pytest.mark.slow
 def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_context, tmp_path):
+    import rclpy
     from rclpy.executors import SingleThreadedExecutor
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
 
     from robot_wm import bags, graph
     from robot_wm.learning import demos
@@ -25,8 +29,15 @@ def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_con
     procs = {s.name: spawn(command_for(s)) for s in specs}
     out = tmp_path / "demos"
     recorder = DemoRecorder(out, 2, task="track", robot="nominal", context=ros_context)
+    # a witness of its own: what DDS delivered to a second subscriber, to hold the bags against
+    witness = rclpy.create_node("recorder_witness", context=ros_context)
+    seen = {bags.STATES_TOPIC: [], bags.COMMAND_TOPIC: []}
+    for topic, msgtype in ((bags.STATES_TOPIC, JointState), (bags.COMMAND_TOPIC, Float64MultiArray)):
+        witness.create_subscription(msgtype, topic, lambda _, t=topic: seen[t].append(witness.get_clock().now().nanoseconds),
+                                    QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE), raw=True)
     executor = SingleThreadedExecutor(context=ros_context)
     executor.add_node(recorder)
+    executor.add_node(witness)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
 
@@ -40,6 +51,7 @@ def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_con
         executor.shutdown(timeout_sec=2.0)
         spinner.join(timeout=3.0)
         recorder.destroy_node()
+        witness.destroy_node()
     report = demos.inspect_demos(out)
     assert report["usable"] == 2 and not report["problems"], report
     data, metas, _ = demos.load_demos(out, max_gap_s=0.5)  # a loaded CI machine may stall the arm a moment
@@ -48,11 +60,15 @@ def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_con
         assert m.models["policy"].startswith("policy-") and m.models["world_model"].startswith("wm-")
         assert m.duration_s == pytest.approx(6.0)
     ep = bags.read_episode(recorder.written[0])
-    inside = (ep.state_t_ns >= ep.meta.start_ns) & (ep.state_t_ns <= ep.meta.end_ns)
-    rate = inside.sum() / ep.meta.duration_s
-    assert 250 < rate < 560, f"/joint_states at {rate:.0f} Hz in the bag (the arm publishes 500 Hz)"
-    cmds = ((ep.command_t_ns >= ep.meta.start_ns) & (ep.command_t_ns <= ep.meta.end_ns)).sum() / ep.meta.duration_s
-    assert 50 < cmds < 110, f"commands at {cmds:.0f} Hz in the bag (the filter runs at 100 Hz)"
+    # every message the arm and the filter published in the episode is in its bag, at whatever rate a
+    # loaded machine let them publish (the arm's nominal 500 Hz is the launch tier's to check)
+    for topic, stamps_ns, nominal_hz in ((bags.STATES_TOPIC, ep.state_t_ns, 500), (bags.COMMAND_TOPIC, ep.command_t_ns, 100)):
+        in_bag = int(((stamps_ns >= ep.meta.start_ns) & (stamps_ns <= ep.meta.end_ns)).sum())
+        got = np.asarray(seen[topic])
+        delivered = int(((got >= ep.meta.start_ns) & (got <= ep.meta.end_ns)).sum())
+        assert abs(in_bag - delivered) <= 0.02 * delivered + 10, f"{topic}: {in_bag} in the bag, {delivered} delivered"
+        rate = in_bag / ep.meta.duration_s
+        assert 20 < rate < 1.12 * nominal_hz, f"{topic} at {rate:.0f} Hz in the bag (published at {nominal_hz} Hz)"
     assert {"/robot_wm/safety_status", "/robot_wm/trust", "/robot_wm/reference", "/robot_wm/action_nominal",
             "/robot_wm/wrench", "/robot_wm/episodes"} <= set(ep.topics)
     # the arm moved along the path in the data the loader gives the trainer

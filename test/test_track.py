@@ -227,3 +227,51 @@ def test_a_malformed_reference_message_is_refused_with_the_reason():
                        (message(pts, [k * k * 1_000_000 for k in range(30)]), "equally spaced")):
         with pytest.raises(InputError, match=match):
             reference_window(msg)
+
+
+@pytest.mark.ros
+def test_the_path_holds_only_for_a_filter_stopped_longer_than_hold_after_s(ros_context):
+    """A path starts on a running filter; a stop shorter than hold_after_s (a few stale periods on a
+    loaded machine) lets it run on and be scored, a longer one holds it at its start, and it starts
+    over when the filter runs again; a path ends after episode_s of running."""
+    from robot_wm.msg import SafetyStatus
+    from robot_wm.nodes.path_sequencer import PathSequencer
+
+    node = PathSequencer(context=ros_context)
+    try:
+        clock = {"t": 1000.0}
+        node._now_s = lambda: clock["t"]
+        events = []
+        node._event = events.append
+
+        def status(text, reason=""):
+            node._on_status(SafetyStatus(state_text=text, fault_reason=reason))
+
+        def run(seconds):
+            for _ in range(int(round(seconds / 0.02))):
+                clock["t"] += 0.02
+                node._publish()
+
+        status("ESTOP", "start: waiting for operator enable")
+        run(1.0)
+        assert node.holding and node.path_start_s == pytest.approx(clock["t"])  # held: clock at zero
+        status("FILTERING")
+        started = clock["t"]
+        assert not node.holding and events[-1] == "path 0 (re)starts: safety filter FILTERING"
+        run(1.0)
+        status("FAULT", "stale input: nominal command 6 periods old")  # 0.1 s: part of the path
+        run(0.1)
+        status("OK")
+        run(1.0)
+        assert node.path_start_s == started and node.index == 0 and not any("held" in e for e in events)
+        status("STOPPING", "trust level STOP")  # longer than hold_after_s: held, said why
+        run(0.5)
+        assert node.holding and events[-1] == "path 0 held at its start: safety filter STOPPING: trust level STOP"
+        status("FILTERING")
+        restarted = clock["t"]
+        run(node.spec.episode_s - 0.5)
+        assert node.index == 0 and node.path_start_s == restarted
+        run(1.0)
+        assert node.index == 1 and node.results[0]["path"] == 0
+    finally:
+        node.destroy_node()

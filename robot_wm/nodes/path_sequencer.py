@@ -10,9 +10,12 @@ header stamp = time of the first point; points every ``track.control_dt_s``, eac
 (``robot_wm.core.track.ReferenceWindow``).
 
 While the safety filter is not running (``wait_for_filter``: its /robot_wm/safety_status is not
-OK or FILTERING: start latch, e-stop, fault, stop) the reference holds the current path's start
-point and the path's clock stays at zero: a path starts, or starts over, only on an arm that can
-follow it (and after a reset the arm is not asked to catch up a reference that ran on).
+OK or FILTERING: start latch, e-stop, fault, stop) for ``hold_after_s`` or longer, the reference
+holds the current path's start point and the path's clock stays at zero: a path starts, or starts
+over, only on an arm that can follow it (and after a reset the arm is not asked to catch up a
+reference that ran on). A shorter break -- a few periods of stale input on a loaded machine, a
+moment's controlled stop -- is part of the path and of its score: restarting on each would, on a
+busy machine, never let a path end.
 
 It also scores each path as the task does, on the MEASURED tool position (FK of /joint_states,
 judged at each message's header stamp): RMS and maximum error after the lead-in, and success by
@@ -60,6 +63,9 @@ class PathSequencer(Node):
         self.wait_for_filter = declare(self, "wait_for_filter", True,
                                        "hold the path at its start while the safety filter is not OK/FILTERING",
                                        read_only=True)
+        self.hold_after_s = declare(self, "hold_after_s", 0.25,
+                                    "a filter not running for this long holds the path at its start (s); "
+                                    "shorter breaks are part of the path", range_=(0.0, 10.0))
         try:
             self.spec = load_track()
         except (TrackConfigError, OSError) as exc:
@@ -81,6 +87,9 @@ class PathSequencer(Node):
         self.results: list[dict] = []
         self.filter_running = not self.wait_for_filter
         self.filter_state = "unknown (no /robot_wm/safety_status yet)"
+        self.filter_reason = ""
+        self.stopped_since_s: float | None = None if self.filter_running else -np.inf  # not running since
+        self.holding = not self.filter_running  # the path is held at its start
         self._pub = self.create_publisher(MultiDOFJointTrajectory, REFERENCE_TOPIC, 10)
         self._event_pub = self.create_publisher(String, "~/events", 10)
         from robot_wm.msg import EpisodeResult
@@ -132,13 +141,15 @@ class PathSequencer(Node):
 
     def _on_status(self, msg) -> None:
         running = msg.state_text in ("OK", "FILTERING")
-        if running != self.filter_running:
-            t_s = self._now_s() - self.path_start_s
-            if not running and t_s > 0.5:
-                self._event(f"path {self.index} held at its start: safety filter {msg.state_text}")
-            elif running:
+        if running and self.stopped_since_s is not None:
+            self.stopped_since_s = None
+            if self.holding:
+                self.holding = False
                 self._event(f"path {self.index} (re)starts: safety filter {msg.state_text}")
+        elif not running and self.stopped_since_s is None:
+            self.stopped_since_s = self._now_s()
         self.filter_running, self.filter_state = running, msg.state_text
+        self.filter_reason = msg.fault_reason
 
     def _on_state(self, msg: JointState) -> None:
         try:
@@ -153,8 +164,12 @@ class PathSequencer(Node):
         from robot_wm.core.track import TrackScore
 
         now_s = self._now_s()
-        if not self.filter_running:  # hold the start point; the path's clock and score start over
-            self.path_start_s = now_s
+        if self.stopped_since_s is not None and now_s - self.stopped_since_s >= self.hold_after_s:
+            if not self.holding:
+                self.holding = True
+                why = f": {self.filter_reason}" if self.filter_reason else ""
+                self._event(f"path {self.index} held at its start: safety filter {self.filter_state}{why}")
+            self.path_start_s = now_s  # hold the start point; the path's clock and score start over
             self.score = TrackScore(self.spec)
         if now_s - self.path_start_s >= self.spec.episode_s:
             self._finish_path(now_s)
