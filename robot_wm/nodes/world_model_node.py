@@ -7,9 +7,13 @@ epistemic and aleatoric standard deviations on /robot_wm/prediction, stamped wit
 stamp: the trust monitor pairs it with the state measured one period later. Predicting on the
 command rather than on a timer of its own keeps the pair aligned (on a timer, a prediction could
 be made with the previous period's command: the ROS path's one-step error was 2-3x the library
-loop's). While no command arrives (the hardware holds zero) it predicts zero on its timer. Optionally it also rolls the
-model ``forecast_steps`` periods ahead under the current command and publishes the predicted tool
-path as a visualization_msgs/Marker (RViz, Foxglove).
+loop's). While no command arrives (the hardware holds zero) it predicts zero on its timer.
+
+Optionally it also rolls the model ``forecast_steps`` periods ahead under the current command and
+publishes the predicted tool path as a visualization_msgs/Marker on /robot_wm/prediction_marker
+(RViz, Foxglove): at most ``forecast_rate_hz`` times a second, and only while something subscribes
+to it. The forecast is ``forecast_steps - 1`` further inferences and forward kinematics: rolled on
+every 100 Hz period it was most of this node's CPU, for a picture nobody may be looking at.
 """
 from __future__ import annotations
 
@@ -41,6 +45,10 @@ class WorldModelNode(ControlNode):
         self.task = declare(self, "task", "reach", "the task whose active model set gives the default world model "
                             "(reach, track; robot_wm.graph.plan sets it, as for the safety filter)", read_only=True)
         self.forecast_steps = declare(self, "forecast_steps", 0, "periods of the tool-path forecast marker (0: off)", range_=(0, 200), read_only=True)
+        self.forecast_period_s = 1.0 / declare(self, "forecast_rate_hz", 10.0, "forecast markers per second at most",
+                                                range_=(0.1, 1000.0), read_only=True)
+        self.forecasts = 0  # markers published
+        self._last_forecast_s = -np.inf
         command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands", "the command sent to the hardware", read_only=True)
         self.base_frame = declare(self, "base_frame", "base_link", "frame of the forecast marker", read_only=True)
         self.runner = None
@@ -115,8 +123,17 @@ class WorldModelNode(ControlNode):
         msg.velocity_std_epistemic_radps = pred.epistemic_std[qdot_block].tolist()
         msg.velocity_std_aleatoric_radps = pred.aleatoric_std[qdot_block].tolist()
         self._pred_pub.publish(msg)
-        if self._marker_pub is not None:
+        if self._forecast_due():
             self._publish_forecast(q, pred.next_q_rad, pred.next_qdot_radps, command, msg.header.stamp)
+
+    def _forecast_due(self) -> bool:
+        if self._marker_pub is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_forecast_s < self.forecast_period_s or not self._marker_pub.get_subscription_count():
+            return False
+        self._last_forecast_s = now
+        return True
 
     def _publish_forecast(self, q_now: np.ndarray, q: np.ndarray, qdot: np.ndarray, command: np.ndarray, stamp) -> None:
         """Roll the model on under the current command; publish the tool path as a line strip."""
@@ -136,6 +153,7 @@ class WorldModelNode(ControlNode):
         marker.pose.orientation.w = 1.0
         marker.points = [Point(x=float(p[0]), y=float(p[1]), z=float(p[2])) for p in path]
         self._marker_pub.publish(marker)
+        self.forecasts += 1
 
 
 main = main_for(WorldModelNode)
