@@ -737,3 +737,33 @@ def test_an_exception_whose_text_fails_still_gives_a_controlled_stop(kin, limits
 def test_a_force_sensor_frame_missing_from_the_urdf_fails_at_construction(kin, limits):
     with pytest.raises(ValueError, match="not a frame of the URDF"):
         SafetyController(limits, kin, config(force_sensor=True, ft_frame="no_such_frame"))
+
+
+def test_the_model_is_checked_once_per_period_and_the_bare_filter_still_checks_it(kin, limits, monkeypatch):
+    """SafetyController checks the linearization (check_model) and tells the QP so: one check per
+    period, not two (35 µs of the hot path); a FilterInput that does not say so is checked by the
+    filter itself, and a broken model there is still a FAULT."""
+    import robot_wm.core.safety.controller as controller_mod
+    import robot_wm.core.safety.qp as qp_mod
+    from robot_wm.core.safety import FilterInput, LinearizedModel
+    from robot_wm.core.safety.validate import check_model
+
+    calls = []
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return check_model(*args, **kw)
+
+    monkeypatch.setattr(controller_mod, "check_model", counting)
+    monkeypatch.setattr(qp_mod, "check_model", counting)
+    rig = Rig(SafetyController(limits, kin, config(require_model=True), model=_lagged()))
+    rig.enable()
+    moving(rig, [0.3, 0, 0, 0, 0, 0])
+    calls.clear()
+    rig.run(20)
+    assert len(calls) == 20 and rig.ctrl.last_output.state in (FilterState.OK, FilterState.FILTERING)
+    q = np.array(rig.q, dtype=float)
+    f0, B, sigma = _lagged().linearize_with_std(q, np.zeros(6), np.zeros(6))
+    broken = LinearizedModel(np.full_like(f0, np.nan), B, sigma)
+    out = rig.ctrl.filter.filter(FilterInput(q_rad=q, qdot_radps=np.zeros(6), u_nominal_radps=np.zeros(6), model=broken))
+    assert out.state == FilterState.FAULT and "NaN" in out.reason

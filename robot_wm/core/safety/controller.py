@@ -370,7 +370,7 @@ class SafetyController:
             problems.append(Problem(FaultKind.STALE, f"stale input: {age_name} {age:.3g} periods old > "
                                     f"stale_limit_periods {self.limits.stale_limit_periods}"))
         # the world model is checked every period, latched or not: a reset is refused while it is broken
-        model = self._linearize(q, qd, u_nom, problems) if q is not None else None
+        model, model_checked = self._linearize(q, qd, u_nom, problems) if q is not None else (None, False)
         problem = next((p for p in problems if p.kind.latches), problems[0] if problems else None)
         sup.record_problem(problem)
         extra = dict(latches=(), input_age_periods=age, trust_level=level, phase=phase, force_base_n=force)
@@ -385,6 +385,7 @@ class SafetyController:
         s = self._scales(level, phase)
         out = self.filter.filter(FilterInput(
             q_rad=q, qdot_radps=qd, u_nominal_radps=u_nom, u_prev_radps=self.last_command, model=model,
+            model_checked=model_checked,
             force_n=force, trust_scale=s.speed, accel_scale=s.acceleration, input_age_periods=age, elapsed_s=elapsed))
         if out.fault_kind is not None:
             sup.record_problem(Problem(out.fault_kind, out.reason))
@@ -398,26 +399,27 @@ class SafetyController:
                                 **dict(extra, latches=sup.latch_names()))
 
     # ------------------------------------------------------------------ pieces of the period
-    def _linearize(self, q, qd, u_nom, problems: list[Problem]) -> LinearizedModel | None:
-        """The world model's linearization about the nominal (zero before the first), or None."""
+    def _linearize(self, q, qd, u_nom, problems: list[Problem]) -> tuple[LinearizedModel | None, bool]:
+        """The world model's linearization about the nominal (zero before the first), or None; and
+        whether it passed ``check_model`` at ``q`` (then the QP does not check it again)."""
         if self.model is None:
             if self.config.require_model:
                 problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: world model missing (require_model)"))
-            return None
+            return None, False
         u = u_nom if u_nom is not None else np.zeros(self.n)
         try:
             lin = LinearizedModel(*self.model.linearize_with_std(q, qd, u))
         except Exception as exc:  # noqa: BLE001 (onnxruntime raises its own types)
             problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: "
                                                      f"{type(exc).__name__}: {exc}"))
-            return None
+            return None, False
         checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
         if isinstance(checked, Problem):
             if checked.kind == FaultKind.MODEL or self.config.require_model:
                 problems.append(checked)
-                return None
-            return lin  # the QP replaces it by the kinematic model this period and says so
-        return checked
+                return None, False
+            return lin, False  # the QP replaces it by the kinematic model this period and says so
+        return checked, True
 
     def _scales(self, level: TrustLevel, phase: Phase) -> ScaleFactors:
         """Speed and acceleration factors: the level's, and the tighter of the message's phase and the

@@ -266,7 +266,10 @@ class SafetyFilter:
         p = parsed
         self._set_timing(p.elapsed, p.age)
         mdl, note = p.model, ""
-        if mdl is not None:
+        if mdl is None and self.require_model:
+            return self._stop(FilterState.FAULT, "world model missing (require_model=True)", p.u_prev, p.u_nom,
+                              kind=FaultKind.MODEL)
+        if mdl is not None and getattr(inp, "model_checked", False) is not True:  # (SafetyController checked it)
             checked = check_model(mdl, p.q, self.hw_velocity_radps, self.dt_s, self.joint_names)
             if isinstance(checked, Problem):
                 if checked.kind == FaultKind.MODEL or self.require_model:
@@ -275,9 +278,6 @@ class SafetyFilter:
                 mdl, note = None, checked.reason + ": kinematic model used this period"
             else:
                 mdl = checked
-        elif self.require_model:
-            return self._stop(FilterState.FAULT, "world model missing (require_model=True)", p.u_prev, p.u_nom,
-                              kind=FaultKind.MODEL)
         if p.s_v == 0.0 or p.s_a == 0.0:
             return self._stop(FilterState.STOPPING, f"trust scale {p.s_v:g} (speed) / {p.s_a:g} (acceleration): stop",
                               p.u_prev, p.u_nom)

@@ -155,6 +155,9 @@ class FilterInput:
             acceleration box and the controlled-stop ramp use it (clipped to
             [dt, stale_limit_periods * dt]), so a late period brakes as hard in real time as an
             on-time one instead of stretching the stop.
+        model_checked: ``model`` is what ``validate.check_model`` returned for this ``q_rad`` this
+            period (``SafetyController`` passes it so); the filter does not check it again. False
+            (the default): the filter checks it.
     """
 
     q_rad: Any
@@ -167,6 +170,7 @@ class FilterInput:
     accel_scale: float | None = None
     input_age_periods: float = 0.0
     elapsed_s: float | None = None
+    model_checked: bool = False
 
 
 #: Soft families and the unit of their slack.
