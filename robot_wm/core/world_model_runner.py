@@ -119,6 +119,14 @@ class WorldModelRunner:
         if not (np.isfinite(fd_step_radps) and fd_step_radps > 0):
             raise ValueError(f"fd_step_radps={fd_step_radps!r}: expected a positive number")
         self.fd_step_radps = float(fd_step_radps)
+        eps = self.fd_step_radps
+        # linearize's batch: the nominal, then +eps and -eps on each command component
+        self._fd_delta = np.vstack([np.zeros(N_JOINTS), eps * np.eye(N_JOINTS), -eps * np.eye(N_JOINTS)])
+        b = self._fd_delta.shape[0]
+        self._fd_feeds = {WM_Q: np.zeros((b, N_JOINTS), np.float32), WM_QDOT: np.zeros((b, N_JOINTS), np.float32),
+                          WM_ACTIONS: np.zeros((b, self.action_history_length, N_JOINTS), np.float32)}
+        if self.qdot_history_length:
+            self._fd_feeds[WM_QDOT_HISTORY] = np.zeros((b, self.qdot_history_length, N_JOINTS), np.float32)
         self.joint_names = tuple(joint_names)
         self.dt_s = float(dt_s)
         self.reset()
@@ -213,15 +221,22 @@ class WorldModelRunner:
         """
         q, qd = _vector("q_rad", q_rad), _vector("qdot_radps", qdot_radps)
         a = _vector("action_nominal_radps", action_nominal_radps)
+        # the hot path (the safety filter, every period): the batch is built in float32 arrays made
+        # once, and fed without predict_batch's checks (q, qd and a were checked just above; the
+        # committed histories when they were committed)
+        n, h = self._fd_delta.shape[0], self.action_history_length
+        feeds = self._fd_feeds
+        feeds[WM_Q][:] = q
+        feeds[WM_QDOT][:] = qd
+        feeds[WM_ACTIONS][:, :h - 1] = self._actions
+        np.add(a, self._fd_delta, out=feeds[WM_ACTIONS][:, h - 1])
+        if self.qdot_history_length:
+            feeds[WM_QDOT_HISTORY][:] = self._qdots
+        out = self.model.run(**feeds)
+        x = np.concatenate([out[WM_NEXT_Q], out[WM_NEXT_QDOT]], axis=-1).astype(np.float64)
         eps = self.fd_step_radps
-        delta = np.vstack([np.zeros(N_JOINTS), eps * np.eye(N_JOINTS), -eps * np.eye(N_JOINTS)])
-        actions = a[None] + delta  # (1 + 2 N_JOINTS, N_JOINTS)
-        n = actions.shape[0]
-        qdots = np.repeat(self._qdots[None], n, 0) if self.qdot_history_length else None
-        out = self.predict_batch(np.repeat(q[None], n, 0), np.repeat(qd[None], n, 0), self._window(actions), qdots)
-        x = out.next_state.astype(np.float64)
         jac = (x[1:1 + N_JOINTS] - x[1 + N_JOINTS:]).T / (2 * eps)
-        std = np.sqrt(out.epistemic_var[0] + out.aleatoric_var[0]).astype(np.float64)
+        std = np.sqrt(out[WM_EPISTEMIC_VAR][0] + out[WM_ALEATORIC_VAR][0]).astype(np.float64)
         return x[0], jac, std
 
     def predict_batch(
