@@ -272,11 +272,12 @@ def test_status_for_diagnostics():
 # (b)-(d) processes
 
 TIMEOUT_S = 0.2          # the watchdog's timeout in the process tests (a loaded machine stalls > 50 ms)
+REAL_FILTER_TIMEOUT_S = 0.5  # ... with the real safety filter as the command source (see that test)
 TRIP_BOUND_S = 0.75      # the stop request must reach the controller manager this soon after the last command
 ROS_TIMEOUT_S = 60.0     # generous waits for start-up and discovery
 
 
-def _assert_trip_latency(src, latency: float, since_s: float, output: str) -> None:
+def _assert_trip_latency(src, latency: float, since_s: float, output: str, timeout_s: float = TIMEOUT_S) -> None:
     """The stop request came no sooner than the timeout, and within TRIP_BOUND_S of the last
     command plus however long the watchdog itself was not scheduled (a process that does not run
     cannot act; the watchdog measures its own check gaps and reports the longest on /diagnostics,
@@ -285,7 +286,7 @@ def _assert_trip_latency(src, latency: float, since_s: float, output: str) -> No
         src.statuses[-3:]
     tripped = next(v for t, v, _ in list(src.statuses) if t >= since_s and v["state"] == "TRIPPED")
     stall = float(tripped["longest_check_gap_s"])
-    assert TIMEOUT_S <= latency <= TRIP_BOUND_S + stall, \
+    assert timeout_s <= latency <= TRIP_BOUND_S + (timeout_s - TIMEOUT_S) + stall, \
         f"request {latency:.3f} s after the last command (own longest check gap {stall:.3f} s)\n{output}"
 
 
@@ -558,7 +559,9 @@ def test_stop_is_retried_until_the_controller_manager_answers_ok(spawn, ros_cont
 @pytest.mark.slow
 def test_killing_the_real_safety_filter_deactivates_the_velocity_controller(spawn, ros_context, fake_cm, source):
     """arm_sim (for /joint_states) + safety_filter (the real one, shipped world model) + watchdog
-    + fake controller manager; SIGKILL the filter."""
+    + fake controller manager; SIGKILL the filter. The watchdog's timeout is 0.5 s here: the real
+    filter's start-up, beside arm_sim on 2 cores, once fell silent for 0.2 s in a fresh-clone run,
+    and the watchdog rightly tripped before the kill this test is about."""
     from robot_wm import graph
     from robot_wm.process_group import command_for
 
@@ -567,7 +570,7 @@ def test_killing_the_real_safety_filter_deactivates_the_velocity_controller(spaw
     src = source(publish=False)  # only watches the filter's commands and the watchdog's status
     spawn(command_for(specs["arm_sim"]))
     filt = spawn(command_for(specs["safety_filter"]))
-    wd = spawn(_watchdog_cmd())
+    wd = spawn(_watchdog_cmd(timeout_s=REAL_FILTER_TIMEOUT_S))
     assert wait_for(lambda: src.has_state("ARMED", switch_service_available="true"), ROS_TIMEOUT_S), \
         filt.output()[-3000:] + wd.output() + str(src.statuses[-3:])
     assert wait_for(lambda: len(src.seen) > 50, ROS_TIMEOUT_S), filt.output()[-3000:]
@@ -581,10 +584,10 @@ def test_killing_the_real_safety_filter_deactivates_the_velocity_controller(spaw
     call = cm.calls[0]
     latency = call.wall_s - last_s
     print(f"\nsafety filter SIGKILLed: deactivate request {latency * 1e3:.1f} ms after its last command "
-          f"(timeout {TIMEOUT_S * 1e3:.0f} ms; {len(stamps)} commands seen before, longest interval "
+          f"(timeout {REAL_FILTER_TIMEOUT_S * 1e3:.0f} ms; {len(stamps)} commands seen before, longest interval "
           f"{max(b - a for a, b in zip(stamps, stamps[1:])) * 1e3:.1f} ms)")
     assert call.deactivate == ["forward_velocity_controller"]
-    _assert_trip_latency(src, latency, last_s, wd.output())
+    _assert_trip_latency(src, latency, last_s, wd.output(), timeout_s=REAL_FILTER_TIMEOUT_S)
     assert wait_for(lambda: src.has_state("TRIPPED", stop_confirmed="true"), 10.0), src.statuses[-3:]
 
 

@@ -22,12 +22,15 @@ def test_scripted_arm_tracks_its_commands_and_stops_on_the_timeout(spawn, ros_co
     try:
         assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()
         script = default_script()
+        wall_minus_mono = time.time() - time.monotonic()
         t0 = run_script(client, script)
         time.sleep(0.1)  # the last joint states of the silence
         states = client.states_since(t0)
     finally:
         client.close()
-    check = summarize([s[0] for s in states], [s[2] for s in states], script, t0)
+    # judged at the joint states' own stamps (the arm's wall clock, put on the script's monotonic
+    # one): a moment this process was not scheduled delays their receipt, not the arm's stop
+    check = summarize([s[5] - wall_minus_mono for s in states], [s[2] for s in states], script, t0)
     assert check.joint_states_received > 1000
     assert set(check.tracking_error_radps) == {s.name for s in script if s.velocity_radps is not None}
     assert check.worst_tracking_error_radps < 0.05, check.tracking_error_radps
