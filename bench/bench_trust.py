@@ -29,7 +29,7 @@ def bench_profile(profile: str, trials: int, normal_minutes: float, calibrate_s:
 
     config, settings = load_trust_config()
     stack = build_stack(0.01)
-    version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01).version
+    version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01, analytic=False).version
     t0 = time.perf_counter()
     normal = te.operate(profile, calibrate_s, seed, config=config, stack=stack)
     cal = te.calibrate_run(normal, settings.exceedance, settings.floor_map(), config, model_version=version,

@@ -18,7 +18,13 @@ from robot_wm.core.task import load_task
 from robot_wm.core.world_model_runner import WorldModelInputError, WorldModelRunner
 from robot_wm.learning.config import ConfigError, load_section
 from robot_wm.learning.data import CollectConfig, collect
-from robot_wm.learning.world_model import WorldModelConfig, export_world_model, load_checkpoint, save_checkpoint
+from robot_wm.learning.world_model import (
+    WorldModel,
+    WorldModelConfig,
+    export_world_model,
+    load_checkpoint,
+    save_checkpoint,
+)
 from robot_wm.learning.world_model_training import make_transitions, train_world_model
 from robot_wm.learning.world_model_eval import ConstantVelocityPredictor, evaluate_world_model
 from robot_wm.paths import config_path
@@ -309,3 +315,63 @@ def test_linearize_with_std_gives_the_nominal_prediction_and_its_std_in_one_call
     np.testing.assert_allclose(f0, pred.next_state, atol=1e-5)
     np.testing.assert_allclose(std, pred.total_std, rtol=1e-4, atol=1e-7)
     assert std.shape == (12,) and np.all(std > 0)
+
+
+@pytest.mark.parametrize("variant", ["shipped_like", "qdot_history_sincos", "variance_scale"])
+def test_linearization_graph_is_the_exact_jacobian_of_the_ensemble(variant, tmp_path):
+    """The one-call linearization graph (robot_wm.core.wm_linearization) returns the ensemble's mean,
+    its exact Jacobian with respect to the current command (torch autograd of the same weights) and
+    the predictive std, for every architecture option the exporter has."""
+    cfg = {"shipped_like": WorldModelConfig(members=3, hidden_sizes=(32, 32, 32), seed=1),
+           "qdot_history_sincos": WorldModelConfig(members=2, hidden_sizes=(24, 16), action_history=2, qdot_history=2,
+                                                   q_features="sincos", seed=2),
+           "variance_scale": WorldModelConfig(members=4, hidden_sizes=(20,), action_history=1, seed=3)}[variant]
+    torch.manual_seed(cfg.seed)
+    model = WorldModel(cfg, JOINTS, TASK.control_dt_s)
+    with torch.no_grad():  # non-trivial normalization, biases and log-variance bounds
+        for name, buf in model.named_buffers():
+            buf.copy_(torch.rand_like(buf) + 0.5 if name.endswith("std") else torch.randn_like(buf) * 0.1)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    if variant == "variance_scale":
+        model.set_variance_scale(torch.linspace(0.5, 2.0, 12))
+    path = export_world_model(model.eval(), tmp_path / "wm.onnx", "0" * 64)
+    runner = WorldModelRunner(path, JOINTS, TASK.control_dt_s)
+    assert runner.linearization.startswith("analytic"), runner.linearization
+    rng = np.random.default_rng(0)
+    h, k = cfg.action_history, cfg.qdot_history
+    for _ in range(5):
+        q, qd = rng.uniform(-2, 2, 6), rng.uniform(-1, 1, 6)
+        runner.reset(rng.uniform(-1, 1, (h - 1, 6)), rng.uniform(-1, 1, (k, 6)))
+        u = rng.uniform(-1, 1, 6)
+        f0, jac, std = runner.linearize_with_std(q, qd, u)
+        t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32)[None]  # noqa: E731
+        past = t(runner.action_history)
+
+        def next_state(cmd):
+            acts = torch.cat([past, cmd[None, None]], 1)
+            qh = t(runner.qdot_history) if k else None
+            p = model.predict(t(q), t(qd), acts, qh)
+            return torch.cat([p.next_q_rad, p.next_qdot_radps], -1)[0]
+
+        want_jac = torch.autograd.functional.jacobian(next_state, t(u)[0]).numpy()
+        pred = runner.predict(q, qd, u, commit=False)
+        np.testing.assert_allclose(f0, pred.next_state, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(std, pred.total_std, rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(jac, want_jac, rtol=1e-4, atol=1e-5 * np.abs(want_jac).max())
+
+
+def test_a_world_model_the_linearization_builder_does_not_recognize_is_linearized_by_differences(exported, tmp_path):
+    """A model whose weights the builder cannot read (here: a sidecar without the training config)
+    still loads; linearize falls back to central differences and says why."""
+    path = tmp_path / "world_model.onnx"
+    shutil.copy(exported, path)
+    side = json.loads(exported.with_suffix(".json").read_text())
+    side.pop("config")
+    path.with_suffix(".json").write_text(json.dumps(side))
+    fallback = WorldModelRunner(path, JOINTS, TASK.control_dt_s)
+    assert fallback.linearization.startswith("finite differences (the sidecar has no training config")
+    analytic = WorldModelRunner(exported, JOINTS, TASK.control_dt_s)
+    q, qd, u = np.full(6, 0.2), np.full(6, 0.1), np.full(6, -0.3)
+    for got, want in zip(fallback.linearize_with_std(q, qd, u), analytic.linearize_with_std(q, qd, u)):
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-4)

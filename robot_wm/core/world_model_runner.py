@@ -8,7 +8,11 @@ mean ``next_q_rad``, ``next_qdot_radps`` and ``epistemic_var`` / ``aleatoric_var
 in STATE_LAYOUT (q, qdot) order (N = N_JOINTS).
 
 The runner keeps the history of commands actually sent (``commit``), so callers pass only the
-current state and the candidate command. Typical use, once per control period::
+current state and the candidate command. ``linearize`` runs the model's linearization graph
+(``robot_wm.core.wm_linearization``: prediction, Jacobian and std in one batch-1 call, built from the
+exported weights and checked against the exported graph at load); a model whose weights that
+builder does not recognize is linearized by central differences (a batch of 1 + 2N rows) and
+``linearization`` says why. Typical use, once per control period::
 
     f0, B = runner.linearize(q, qdot, u_nominal)   # safety filter: x⁺ ≈ f0 + B (u − u_nominal)
     u = solve_qp(...)                              # the command that is actually sent
@@ -35,6 +39,7 @@ from robot_wm.contracts import (
     world_model_signature,
 )
 from robot_wm.core.onnx_model import ModelError, OnnxModel, check_contract, load_model
+from robot_wm.core.wm_linearization import Linearizer, build_linearizer
 
 
 class WorldModelInputError(ValueError):
@@ -98,13 +103,16 @@ class WorldModelRunner:
             joint order, dt, graph signature).
         joint_names: the robot's joint order (must equal the sidecar's).
         dt_s: the control period the caller runs at (must equal the sidecar's).
-        fd_step_radps: finite-difference step on the command used by ``linearize``.
+        fd_step_radps: finite-difference step on the command used by ``linearize`` when the
+            model has no linearization graph (and by the check of that graph).
+        analytic: False = always linearize by finite differences (comparisons, benchmarks).
     Raises:
         ModelError: the model is missing, corrupted, or does not match joints / dt / layout.
     """
 
     def __init__(
-        self, onnx_path: Path, joint_names: tuple[str, ...] | list[str], dt_s: float, fd_step_radps: float = 1e-2
+        self, onnx_path: Path, joint_names: tuple[str, ...] | list[str], dt_s: float, fd_step_radps: float = 1e-2,
+        analytic: bool = True,
     ) -> None:
         self.model: OnnxModel = load_model(onnx_path, WORLD_MODEL_KIND, joint_names, dt_s)
         inputs = {d["name"]: d["shape"] for d in self.model.meta["inputs"]}
@@ -127,6 +135,15 @@ class WorldModelRunner:
                           WM_ACTIONS: np.zeros((b, self.action_history_length, N_JOINTS), np.float32)}
         if self.qdot_history_length:
             self._fd_feeds[WM_QDOT_HISTORY] = np.zeros((b, self.qdot_history_length, N_JOINTS), np.float32)
+        self._lin_feeds = {name: arr[:1].copy() for name, arr in self._fd_feeds.items()}
+        self._linearizer: Linearizer | None = None
+        #: How ``linearize`` computes the Jacobian (and, for finite differences, why).
+        self.linearization = "finite differences (analytic=False)"
+        if analytic:
+            self._linearizer, why = build_linearizer(self.model.path, self.model.meta, lambda f: self.model.run(**f),
+                                                     fd_step_radps=self.fd_step_radps)
+            self.linearization = "analytic (forward mode, one batch-1 call)" if self._linearizer is not None else \
+                f"finite differences ({why})"
         self.joint_names = tuple(joint_names)
         self.dt_s = float(dt_s)
         self.reset()
@@ -195,10 +212,11 @@ class WorldModelRunner:
     def linearize(
         self, q_rad: np.ndarray, qdot_radps: np.ndarray, action_nominal_radps: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Next-state mean and its Jacobian w.r.t. the current command, in ONE batched call.
+        """Next-state mean and its Jacobian w.r.t. the current command, in ONE call.
 
-        Central differences with step ``fd_step_radps`` on each command component (a batch of 1 + 2 N_JOINTS).
-        The history is read, not changed.
+        The linearization graph (forward-mode derivative) when the model has one, else central
+        differences with step ``fd_step_radps`` on each command component (a batch of 1 + 2 N_JOINTS):
+        ``linearization`` says which. The history is read, not changed.
 
         Returns:
             f0 (STATE_DIM,): predicted next (q, qdot) at the nominal command;
@@ -212,7 +230,7 @@ class WorldModelRunner:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`linearize` plus the predictive std at the nominal command, from the same call.
 
-        Row 0 of the batch is the nominal prediction, so the safety filter needs no second
+        The same call gives the std at the nominal command, so the safety filter needs no second
         inference for its κσ margins.
 
         Returns:
@@ -221,10 +239,19 @@ class WorldModelRunner:
         """
         q, qd = _vector("q_rad", q_rad), _vector("qdot_radps", qdot_radps)
         a = _vector("action_nominal_radps", action_nominal_radps)
-        # the hot path (the safety filter, every period): the batch is built in float32 arrays made
+        h = self.action_history_length
+        if self._linearizer is not None:  # the hot path: float32 feeds made once, inputs checked just above
+            feeds = self._lin_feeds
+            feeds[WM_Q][0] = q
+            feeds[WM_QDOT][0] = qd
+            feeds[WM_ACTIONS][0, :h - 1] = self._actions
+            feeds[WM_ACTIONS][0, h - 1] = a
+            if self.qdot_history_length:
+                feeds[WM_QDOT_HISTORY][0] = self._qdots
+            return self._linearizer.run(feeds)
+        # finite differences (the safety filter, every period): the batch is built in float32 arrays made
         # once, and fed without predict_batch's checks (q, qd and a were checked just above; the
         # committed histories when they were committed)
-        n, h = self._fd_delta.shape[0], self.action_history_length
         feeds = self._fd_feeds
         feeds[WM_Q][:] = q
         feeds[WM_QDOT][:] = qd

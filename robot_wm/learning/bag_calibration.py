@@ -69,7 +69,7 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
         # the mean measured effort of each period (t_k-1, t_k], as the node averages the 500 Hz states
         cuts = np.searchsorted(ep.state_t_ns, grid, side="right")
         status_idx = np.searchsorted(ep.status_t_ns, grid, side="right") - 1
-        runner = WorldModelRunner(world_model_path, names, dt)
+        runner = WorldModelRunner(world_model_path, names, dt, analytic=False)  # predicts only
         version = runner.version
         cal = _recording_calibration(runner.version)
         tracker = TrustTracker(TrustMonitor(config, cal), kin, dt)

@@ -153,7 +153,7 @@ def record_library(task_name: str, profile: str, n: int, out: Path, *, seed: int
     built = build_stack(dt, models_dir)
     names = tuple(built.kinematics.joint_names)
     wm = WorldModelRunner(built.world_model_path, names, dt)
-    predictor = WorldModelRunner(built.world_model_path, names, dt)  # the world_model node's own
+    predictor = WorldModelRunner(built.world_model_path, names, dt, analytic=False)  # the world_model node's own
     if source == "policy":
         policy = PolicyRunner(Path(models_dir) / "policy.onnx", names, dt, task.action_limit_radps, task=task.name)
         models = {"policy": policy.version, "world_model": wm.version}

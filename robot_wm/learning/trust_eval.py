@@ -134,7 +134,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     sim = ArmSim(load_profile(profile), seed=seed, q0_rad=q0)
     sim_steps = int(round(dt / sim.dt_s))
     filt_wm = WorldModelRunner(built.world_model_path, names, dt)
-    wm = WorldModelRunner(built.world_model_path, names, dt)
+    wm = WorldModelRunner(built.world_model_path, names, dt, analytic=False)  # predicts only
     ctrl = SafetyController(built.limits, kin, cfg, model=filt_wm)
     slew = SlewLimiter(built.slew_delta_radps) if built.slew_delta_radps is not None else None  # the policy node's
     policy_path = (Path(models_dir) / "policy.onnx") if models_dir is not None else data_path("models", "policy.onnx")
@@ -291,7 +291,7 @@ def calibrate_profile(profile: str, *, seconds: float | None = None, seed: int =
 
     config, settings = load_trust_config(config_file)
     stack = build_stack(0.01, models_dir)
-    version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01).version
+    version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01, analytic=False).version
     run = operate(profile, seconds or settings.seconds, seed, config=config, stack=stack, progress=progress)
     cal = calibrate_run(run, settings.exceedance, settings.floor_map(), config, model_version=version,
                         source=f"library:{profile}:seed{seed}:{run.t_s[-1] + 0.01:.0f}s")

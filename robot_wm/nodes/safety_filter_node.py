@@ -229,7 +229,7 @@ class SafetyFilterNode(ControlNode):
                 raise ValueError(f"its {self.model_dt_s:g} s step is not this filter's {self.period_s:g} s period")
             path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
             runner = WorldModelRunner(path, self.joint_names, self.period_s)
-            self.get_logger().info(f"world model {runner.version} loaded from {path}")
+            self.get_logger().info(f"world model {runner.version} loaded from {path}; linearized by {runner.linearization}")
         except (ModelError, ValueError, OSError) as exc:
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
             self.get_logger().error(f"world model unavailable ({exc}); "

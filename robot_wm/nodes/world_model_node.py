@@ -71,7 +71,8 @@ class WorldModelNode(ControlNode):
             if self.joint_names == [""]:
                 self.joint_names = list(description.joint_limits(urdf).names)
             path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
-            self.runner = WorldModelRunner(path, self.joint_names, load_task().control_dt_s)
+            # predictions only (the safety filter linearizes with its own runner)
+            self.runner = WorldModelRunner(path, self.joint_names, load_task().control_dt_s, analytic=False)
             self.kin = Kinematics(urdf, self.joint_names)
         except (ModelError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
