@@ -134,13 +134,7 @@ PRESETS = {  # per-configuration seconds, warm-up, in-process periods, cvxpy sam
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def stats_us(values_ns) -> dict[str, float]:
-    """p50 / p99 / max / mean (µs) and the count of nanosecond durations."""
-    v = np.asarray(values_ns, dtype=float) / 1e3
-    if v.size == 0:
-        return {"n": 0, "p50_us": math.nan, "p99_us": math.nan, "max_us": math.nan, "mean_us": math.nan}
-    return {"n": int(v.size), "p50_us": float(np.percentile(v, 50)), "p99_us": float(np.percentile(v, 99)),
-            "max_us": float(v.max()), "mean_us": float(v.mean())}
+from robot_wm.benchmarks.hotpath import stats_us  # noqa: E402  (p50/p99/max/mean µs of ns durations)
 
 
 def _fmt(s: dict[str, float], scale: float = 1.0, unit: str = "µs", width: int = 8, digits: int = 1) -> str:
@@ -163,171 +157,14 @@ class Out:
 
 
 # ------------------------------------------------------------------------- part 1: stages in process
-@dataclasses.dataclass
-class HotPath:
-    """The objects the policy and safety_filter nodes build in on_configure (shipped models)."""
-
-    names: tuple[str, ...]
-    task: Any
-    kin_policy: Any
-    kin_filter: Any
-    policy: Any
-    wm: Any
-    ctrl: Any  # the SafetyController the safety_filter node runs (it holds the world model runner)
-
-    @property
-    def filt(self) -> Any:
-        """The controller's QP (SafetyFilter)."""
-        return self.ctrl.filter
-
-
-def build_hot_path(dt_s: float = DT) -> HotPath:
-    """Build the hot path exactly as the nodes do (own Kinematics per node, shipped ONNX models)."""
-    from robot_wm import description
-    from robot_wm.core.kinematics import Kinematics
-    from robot_wm.core.policy_runner import PolicyRunner
-    from robot_wm.core.safety import ControllerConfig, Phase, SafetyController, TrustLevel, load_safety_limits
-    from robot_wm.core.task import load_task
-    from robot_wm.core.world_model_runner import WorldModelRunner
-    from robot_wm.paths import data_path
-
-    urdf = description.expand()
-    names = tuple(description.joint_limits(urdf).names)
-    task = load_task()
-    kin_filter = Kinematics(urdf, names)
-    wm = WorldModelRunner(data_path("models", "world_model.onnx"), names, task.control_dt_s)
-    # as the node configures it on the embedded arm (F/T sensor on, trust FULL in SIM)
-    config = ControllerConfig(dt_s=dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
-                              default_phase=Phase.SIM, force_sensor=True)
-    return HotPath(
-        names=names, task=task, kin_policy=Kinematics(urdf, names), kin_filter=kin_filter,
-        policy=PolicyRunner(data_path("models", "policy.onnx"), names, task.control_dt_s), wm=wm,
-        ctrl=SafetyController(load_safety_limits(), kin_filter, config, model=wm),
-    )
-
-
-def enable_hot_path(hp: HotPath, q: np.ndarray) -> None:
-    """Tare at rest and enable the controller, as an operator does at start-up (not timed)."""
-    from robot_wm.core.safety import JointSample, NominalSample, WrenchSample
-
-    for k in range(200):
-        t_s = -2.0 + k * DT
-        hp.ctrl.step(t_s, joint=JointSample(q, np.zeros_like(q), t_s), nominal=NominalSample(np.zeros_like(q), t_s),
-                     wrench=WrenchSample(np.zeros(3), t_s, hp.ctrl.config.ft_frame))
-        if hp.ctrl.reset()[0]:
-            return
-    raise RuntimeError(f"the safety controller could not be enabled: {hp.ctrl.summary()}")
-
-
-STAGE_LABELS = {
-    "kinematics.tool_position": "pinocchio tool FK (policy node)",
-    "kinematics.ft_frame_pose": "pinocchio F/T frame pose (filter node)",
-    "kinematics.filter_points": "pinocchio points+Jacobians (in the filter)",
-    "policy.act": "make_obs + PolicyRunner.act (ONNX)",
-    "world_model.linearize": "WorldModelRunner.linearize_with_std (batch 13)",
-    "world_model.predict": "WorldModelRunner.predict (batch 1, world_model node)",
-    "qp.osqp_update_solve": "OSQP update+solve (QP periods)",
-    "filter.controller_step": "SafetyController.step, all periods",
-    "filter.controller_step_qp": "SafetyController.step, QP periods",
-    "node.policy_step": "policy control_step compute",
-    "node.safety_filter_step": "safety_filter control_step compute",
-    "node.period_total": "policy + safety_filter compute / period",
-}
-
-
-def stage_timings(periods: int = 2000, seed: int = 1, hot: HotPath | None = None,
-                  keep_samples: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the closed loop for ``periods`` periods; return (result, per-period samples if kept).
-
-    result: ``{"stages": {key: stats_us}, "periods", "qp_periods", "states": {name: count}}``.
-    """
-    from bench_safety_filter import HOME  # the filter benchmark's start pose (shared set-up)
-    from robot_wm.core.policy_runner import make_obs
-    from robot_wm.core.reacher import DlsReacher
-    from robot_wm.core.safety import JointSample, NominalSample, WrenchSample
-
-    hp = hot or build_hot_path()
-    limits = hp.filt.limits
-    rng = np.random.default_rng(seed)
-    reacher = DlsReacher(hp.kin_filter, HOME, limits.vel_max_radps * 1.5, max_tool_speed_mps=0.8)
-    box = np.array(limits.keepout_boxes_m[:6], dtype=float) if len(limits.keepout_boxes_m) >= 6 else None
-    box_center = 0.5 * (box[:3] + box[3:]) if box is not None else np.array([-0.5, 0.0, 0.2])
-    goal = hp.task.sample_goals(rng, 1)[0]
-    mode, burst = "reach", np.zeros(len(hp.names))
-    q, qd = HOME.copy(), np.zeros(len(hp.names))
-    hp.wm.reset()
-    ft = hp.ctrl.config.ft_frame
-    wrench = lambda t_s: WrenchSample(np.zeros(3), t_s, ft)  # noqa: E731 (a free tool: the tare is zero)
-    sim_t = 0.0
-    enable_hot_path(hp, q)
-    keys = [k for k in STAGE_LABELS if k not in ("filter.controller_step_qp", "qp.osqp_update_solve")]
-    t = {k: np.zeros(periods, dtype=np.int64) for k in keys}
-    qp_ns, step_qp_ns, states, samples = [], [], {}, []
-    warm = min(100, periods)
-    pc = time.perf_counter_ns
-    for i in range(-warm, periods):  # negative i: warm-up periods, not recorded
-        if i % 150 == 0:
-            mode = rng.choice(["reach", "reach", "reach", "limits", "table", "keepout"])
-            goal = hp.task.sample_goals(rng, 1)[0]
-            burst = rng.choice([-1.0, 1.0], 6) * limits.vel_max_radps * 2.0
-        t0 = pc()
-        tool = hp.kin_policy.tool_position_m(q)
-        t1 = pc()
-        obs = make_obs(q, qd, tool, goal)
-        action = hp.policy.act(obs)
-        t2 = pc()
-        if mode == "reach":
-            nominal = action
-        elif mode == "limits":
-            nominal = burst
-        else:
-            nominal = reacher(q, np.array([-0.5, -0.1, -0.3]) if mode == "table" else box_center)
-        hist = hp.wm.action_history if keep_samples else None
-        t3 = pc()
-        f0, _, _ = hp.wm.linearize_with_std(q, qd, nominal)  # the controller's call, timed alone
-        t4 = pc()
-        hp.wm.predict(q, qd, nominal, commit=False)  # the world_model node's call, timed alone
-        t5 = pc()
-        _ = hp.kin_filter.frame_pose(q, ft).rotation  # the controller's F/T rotation, timed alone
-        t6 = pc()
-        sim_t += DT  # the joint state is half a period old, as the node sees it on average
-        out = hp.ctrl.step(sim_t, joint=JointSample(q, qd, sim_t - 0.5 * DT), nominal=NominalSample(nominal, sim_t),
-                           wrench=wrench(sim_t))  # linearize + F/T + QP + latches + commit: the node's step
-        t7 = pc()
-        hp.filt.workspace.points(q)  # the QP's own FK + Jacobians, timed alone (step computes them)
-        t8 = pc()
-        solved = out.solver_status != 0
-        if i >= 0:
-            for key, val in (("kinematics.tool_position", t1 - t0), ("kinematics.ft_frame_pose", t6 - t5),
-                             ("kinematics.filter_points", t8 - t7), ("policy.act", t2 - t1),
-                             ("world_model.linearize", t4 - t3), ("world_model.predict", t5 - t4),
-                             ("filter.controller_step", t7 - t6),
-                             ("node.policy_step", t2 - t0), ("node.safety_filter_step", t7 - t6),
-                             ("node.period_total", (t2 - t0) + (t7 - t6))):
-                t[key][i] = val
-            states[out.state.name] = states.get(out.state.name, 0) + 1
-            if solved:
-                qp_ns.append(int(out.solve_time_s * 1e9))
-                step_qp_ns.append(t7 - t6)
-            if keep_samples:
-                samples.append(dict(
-                    q=q.copy(), qd=qd.copy(), obs=obs.copy(), nominal=np.array(nominal, dtype=float), hist=hist,
-                    t_act=t2 - t1, t_lin=t4 - t3, t_pred=t5 - t4, t_ft=t6 - t5, t_step=t7 - t6,
-                    t_qp=int(out.solve_time_s * 1e9) if solved else 0, action=action.copy(), f0=f0.copy(),
-                    snap=(hp.filt.snapshot(), out.u_safe_radps.copy()) if solved else None))
-        # the kinematic arm
-        qd = np.asarray(out.u_safe_radps, dtype=float)
-        q = q + qd * DT
-        if hp.ctrl.supervisor.latched and not np.any(qd):
-            hp.ctrl.reset()  # the operator (a latched fault stops the stream otherwise)
-        if out.is_stop and not np.any(qd):  # stopped for good (e.g. deep in a keep-out): start over
-            q, qd = HOME.copy(), np.zeros(len(hp.names))
-            hp.wm.reset()
-    stages = {k: stats_us(v) for k, v in t.items()}
-    stages["qp.osqp_update_solve"] = stats_us(qp_ns)
-    stages["filter.controller_step_qp"] = stats_us(step_qp_ns)
-    stages = {k: stages[k] for k in STAGE_LABELS}
-    return {"stages": stages, "periods": periods, "qp_periods": len(qp_ns), "states": states}, samples
+# the closed loop and its stages are robot-wm bench hotpath's (one definition of what a period computes)
+from robot_wm.benchmarks.hotpath import (  # noqa: E402
+    STAGE_LABELS,
+    HotPath,
+    build_hot_path,
+    enable_hot_path,
+    stage_timings,
+)
 
 
 def print_stages(say: Out, res: dict[str, Any]) -> None:

@@ -294,6 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("env", help="print export lines with robot_wm's loopback-only DDS settings")
     p.set_defaults(func=_cmd_env)
 
+    p = verbs.add_parser("bench", help="benchmarks of the hot path (numbers, never pass/fail)")
+    bench = p.add_subparsers(dest="bench", required=True)
+    q = bench.add_parser("hotpath", help="compute of one control period in process, per stage (p50/p99/max µs), "
+                                         "optionally against a baseline revision")
+    from robot_wm.benchmarks import hotpath
+    hotpath.add_arguments(q)
+    q.set_defaults(func=hotpath.command)
+
     from robot_wm.learning.demos_cli import add_parsers as add_demo_parsers
     from robot_wm.learning.pipeline import add_parsers
     from robot_wm.learning.report import add_parser as add_report_parser

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``robot-wm bench``: numbers printed, never pass/fail (issue #13)."""
