@@ -237,10 +237,11 @@ def test_an_exception_inside_a_period_is_a_controlled_stop_and_a_latched_fault(k
     moving(rig, [0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
     last = rig.qd.copy()
 
-    def broken(inp):
+    def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
     monkeypatch.setattr(rig.ctrl.filter, "filter", broken)
+    monkeypatch.setattr(rig.ctrl.filter, "filter_checked", broken)  # what the controller calls
     first = rig.step()
     assert first.state == FilterState.FAULT and first.fault_kind == FaultKind.INTERNAL and "fault" in first.latches
     assert "ZeroDivisionError: boom" in first.reason and "Traceback" in first.traceback
@@ -726,10 +727,11 @@ def test_an_exception_whose_text_fails_still_gives_a_controlled_stop(kin, limits
     rig = Rig(SafetyController(limits, kin, config()))
     rig.enable()
 
-    def broken(inp):
+    def broken(*args, **kwargs):
         raise Nasty()
 
     monkeypatch.setattr(rig.ctrl.filter, "filter", broken)
+    monkeypatch.setattr(rig.ctrl.filter, "filter_checked", broken)  # what the controller calls
     out = rig.step()
     assert out.state == FilterState.FAULT and out.fault_kind == FaultKind.INTERNAL and "Nasty" in out.reason
 

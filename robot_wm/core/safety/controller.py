@@ -57,7 +57,7 @@ from robot_wm.core.safety.types import (
     LinearizedModel,
     no_slack,
 )
-from robot_wm.core.safety.validate import Problem, check_model
+from robot_wm.core.safety.validate import ParsedInput, Problem, check_model
 from robot_wm.core.safety.wrench import ForceTare
 
 
@@ -130,6 +130,7 @@ class SafetyController:
         self._tracebacks_seen: set[tuple[str, str]] = set()
         self._noted: list[Problem] = []  # latching problems of messages checked on arrival
         self._last_trust: TrustSample | None = None
+        self._scale_cache: dict[tuple, ScaleFactors] = {}
 
     # ------------------------------------------------------------------ status
     @property
@@ -264,6 +265,7 @@ class SafetyController:
         new = SafetyFilter(limits, self.kinematics, self.config.dt_s, require_model=self.config.require_model)
         new.carry_timing(self.filter)
         self.filter = new
+        self._scale_cache.clear()
         return True
 
     # ------------------------------------------------------------------ the period
@@ -383,10 +385,14 @@ class SafetyController:
             return self._stop_output(FilterState.STOPPING, "waiting for the nominal command", None, elapsed, qd, None,
                                      extra)
         s = self._scales(level, phase)
-        out = self.filter.filter(FilterInput(
-            q_rad=q, qdot_radps=qd, u_nominal_radps=u_nom, u_prev_radps=self.last_command, model=model,
-            model_checked=model_checked,
-            force_n=force, trust_scale=s.speed, accel_scale=s.acceleration, input_age_periods=age, elapsed_s=elapsed))
+        if np.isfinite(self.last_command).all():  # every input checked above: the QP need not parse them again
+            out = self.filter.filter_checked(ParsedInput(q, qd, u_nom, self.last_command, model, force, s.speed,
+                                                         s.acceleration, age, elapsed), model_checked)
+        else:  # (never: the filter only commands finite values) let the filter's own checks name it
+            out = self.filter.filter(FilterInput(
+                q_rad=q, qdot_radps=qd, u_nominal_radps=u_nom, u_prev_radps=self.last_command, model=model,
+                model_checked=model_checked, force_n=force, trust_scale=s.speed, accel_scale=s.acceleration,
+                input_age_periods=age, elapsed_s=elapsed))
         if out.fault_kind is not None:
             sup.record_problem(Problem(out.fault_kind, out.reason))
             if sup.latched:
@@ -395,8 +401,8 @@ class SafetyController:
             out = dataclasses.replace(out, state=FilterState.STOPPED)
         if out.state in RUNNING_STATES:
             out = self._watch_slack(out, elapsed, qd, u_nom, extra)
-        return ControllerOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(FilterOutput)},
-                                **dict(extra, latches=sup.latch_names()))
+        fields = out.__dict__
+        return ControllerOutput(**{name: fields[name] for name in _FILTER_FIELDS}, **dict(extra, latches=sup.latch_names()))
 
     # ------------------------------------------------------------------ pieces of the period
     def _linearize(self, q, qd, u_nom, problems: list[Problem]) -> tuple[LinearizedModel | None, bool]:
@@ -423,10 +429,18 @@ class SafetyController:
 
     def _scales(self, level: TrustLevel, phase: Phase) -> ScaleFactors:
         """Speed and acceleration factors: the level's, and the tighter of the message's phase and the
-        configured one (a TrustState can tighten the phase, never loosen it: SIM claimed on a real arm)."""
-        lim = self.limits
-        a, b = lim.scale_for(level, phase), lim.scale_for(level, self.config.default_phase)
-        return ScaleFactors(min(a.speed, b.speed), min(a.acceleration, b.acceleration))
+        configured one (a TrustState can tighten the phase, never loosen it: SIM claimed on a real arm).
+
+        Kept per (level, phase) for the limits in force (``set_limits`` forgets them): one lookup
+        per period instead of two enum conversions and two ScaleFactors."""
+        key = (int(level), int(phase))
+        cached = self._scale_cache.get(key)
+        if cached is None:
+            lim = self.limits
+            a, b = lim.scale_for(level, phase), lim.scale_for(level, self.config.default_phase)
+            cached = ScaleFactors(float(min(a.speed, b.speed)), float(min(a.acceleration, b.acceleration)))
+            self._scale_cache[key] = cached
+        return cached
 
     def _trust(self, now: float, trust: TrustSample | None, problems: list[Problem]) -> tuple[TrustLevel, Phase]:
         """(level, phase) for this period; STOP/HUMAN latch; sets whether trust blocks a reset."""
@@ -477,7 +491,7 @@ class SafetyController:
         age = (now - float(wrench.stamp_s)) / cfg.dt_s
         rot = self.kinematics.frame_pose(q, cfg.ft_frame).rotation
         at_rest = (age <= self.limits.stale_limit_periods and self.supervisor.latched
-                   and not np.any(self.last_command) and self._resting(qd))
+                   and not self.last_command.any() and self._resting(qd))
         self.tare.observe(force_s, rot, at_rest)
         if not self.tare.ready:
             why = self.tare.last_refusal or f"the arm must rest {cfg.tare_window_s:g} s out of contact while latched"
@@ -497,11 +511,11 @@ class SafetyController:
         """The arm is still: every joint's low-passed velocity below standstill_radps (and this
         period's sample below 5x that: one real jolt is never "rest")."""
         tol = self.config.standstill_radps
-        return (qd is not None and self.qdot_smoothed is not None and bool(np.all(np.abs(self.qdot_smoothed) < tol))
-                and bool(np.all(np.abs(qd) < 5.0 * tol)))
+        return (qd is not None and self.qdot_smoothed is not None and bool((np.abs(self.qdot_smoothed) < tol).all())
+                and bool((np.abs(qd) < 5.0 * tol).all()))
 
     def _at_standstill(self, u: np.ndarray, qd) -> bool:
-        return (not np.any(u)) and self._resting(qd)
+        return (not np.asarray(u).any()) and self._resting(qd)
 
     def _latched_output(self, elapsed, qd, u_nom, extra) -> ControllerOutput:
         sup = self.supervisor
@@ -543,6 +557,9 @@ class SafetyController:
         self.supervisor.record_problem(p)
         stop = self._stop_output(FilterState.FAULT, p.reason, p.kind, elapsed, qd, u_nom, extra)
         return dataclasses.replace(stop, slack=out.slack, max_slack=out.max_slack)
+
+
+_FILTER_FIELDS = tuple(f.name for f in dataclasses.fields(FilterOutput))
 
 
 def _norm(u: np.ndarray, u_nom) -> float:

@@ -48,7 +48,14 @@ from robot_wm.core.safety.types import (
     no_slack,
     solver_status_text,
 )
-from robot_wm.core.safety.validate import Problem, as_scalar, as_vector, check_model, parse_filter_input
+from robot_wm.core.safety.validate import (
+    ParsedInput,
+    Problem,
+    as_scalar,
+    as_vector,
+    check_model,
+    parse_filter_input,
+)
 
 _Q, _QD = STATE_LAYOUT["q_rad"], STATE_LAYOUT["qdot_radps"]  # the world model's state vector
 
@@ -63,6 +70,9 @@ REACH_M = 1.0
 #: Above the force limit the tool must move away from the contact at least this fast (m/s); when
 #: the other limits do not allow that, the filter stops the arm instead.
 FORCE_RETREAT_MPS = 0.01
+
+
+_POSITION, _BRAKING = int(BoundSource.POSITION), int(BoundSource.BRAKING)  # plain ints are faster in numpy
 
 
 def _short(joint: str) -> str:
@@ -148,6 +158,7 @@ class SafetyFilter:
         self._vmax, self._amax = limits.vel_max_radps, limits.accel_max_radps2
         self._astop = limits.stop_decel_radps2
         self._abrake = limits.brake_fraction * self._amax
+        self._abrake2 = np.concatenate((self._abrake, self._abrake))  # both sides of every joint in one call
         self._kin_err_rad = 0.5 * self._amax * dt * dt  # kinematic-model error bound on q⁺
         # this period's timing (set from FilterInput.elapsed_s / input_age_periods)
         self._dt_brake = dt  # time braking and the stop ramp may use: elapsed, clipped to [dt, stale dt]
@@ -263,13 +274,20 @@ class SafetyFilter:
         if isinstance(parsed, Problem):
             return self._stop(FilterState.FAULT, parsed.reason, u_prev, getattr(inp, "u_nominal_radps", None),
                               kind=parsed.kind)
-        p = parsed
+        return self.filter_checked(parsed, getattr(inp, "model_checked", False) is True)
+
+    def filter_checked(self, p: ParsedInput, model_checked: bool = False) -> FilterOutput:
+        """:meth:`filter` for inputs the caller has validated as ``parse_filter_input`` does.
+
+        ``SafetyController`` checks every input of its period (and the world model's linearization:
+        ``model_checked``) before it calls this; parsing them again cost the hot path ~15 µs.
+        """
         self._set_timing(p.elapsed, p.age)
         mdl, note = p.model, ""
         if mdl is None and self.require_model:
             return self._stop(FilterState.FAULT, "world model missing (require_model=True)", p.u_prev, p.u_nom,
                               kind=FaultKind.MODEL)
-        if mdl is not None and getattr(inp, "model_checked", False) is not True:  # (SafetyController checked it)
+        if mdl is not None and not model_checked:
             checked = check_model(mdl, p.q, self.hw_velocity_radps, self.dt_s, self.joint_names)
             if isinstance(checked, Problem):
                 if checked.kind == FaultKind.MODEL or self.require_model:
@@ -341,8 +359,10 @@ class SafetyFilter:
         h_up, h_lo = self._hi - q, q - self._lo
         pos_hi = (alpha * np.maximum(h_up, 0.0) - margin_q) / dt
         pos_lo = (-alpha * np.maximum(h_lo, 0.0) + margin_q) / dt
-        brk_hi = brake_speed(h_up - margin_q, self._abrake, dt, self._coast_s)
-        brk_lo = -brake_speed(h_lo - margin_q, self._abrake, dt, self._coast_s)
+        # both sides of every joint in one call (elementwise: the same numbers as one call per side)
+        margin_2 = np.concatenate((margin_q, margin_q))
+        brk = brake_speed(np.concatenate((h_up, h_lo)) - margin_2, self._abrake2, dt, self._coast_s)
+        brk_hi, brk_lo = brk[:n], -brk[n:]
 
         if kin:
             # every hard row bounds one joint: merge them into the box rows (redundant active rows
@@ -351,7 +371,7 @@ class SafetyFilter:
                 A[lay.pos, :n] = np.eye(n)
                 A[lay.brake, :n] = np.eye(n)
                 self._kinematic_rows = True
-            lo, hi, conflict = self._merge(box_lo, box_hi, box_lo_src, box_hi_src, pos_lo, pos_hi, brk_lo, brk_hi)
+            lo, hi, conflict = self._merge(box_lo, box_hi, box_lo_src, box_hi_src, brk_lo, brk_hi, pos_lo, pos_hi)
             if conflict is not None:
                 return self._conflict_text(conflict, lo, hi)
             l[lay.box], u[lay.box] = lo, hi
@@ -369,25 +389,28 @@ class SafetyFilter:
             # the box rows below (v_b = 0 inside the margin).
             cb = bqd @ u_lin - f0qd
             A[lay.brake, :n] = bqd
-            l[lay.brake] = cb - brake_speed(h_lo - margin_q, self._abrake, dt)
-            u[lay.brake] = cb + brake_speed(h_up - margin_q, self._abrake, dt)
-            at_limit = np.flatnonzero((h_up <= margin_q) | (h_lo <= margin_q))
-            l[lay.pos.start + at_limit], u[lay.pos.start + at_limit] = -np.inf, np.inf
-            l[lay.brake.start + at_limit], u[lay.brake.start + at_limit] = -np.inf, np.inf
+            brk_next = brake_speed(np.concatenate((h_lo, h_up)) - margin_2, self._abrake2, dt)
+            l[lay.brake] = cb - brk_next[:n]
+            u[lay.brake] = cb + brk_next[n:]
+            at_limit = (h_up <= margin_q) | (h_lo <= margin_q)
+            if at_limit.any():
+                l[lay.pos][at_limit], u[lay.pos][at_limit] = -np.inf, np.inf
+                l[lay.brake][at_limit], u[lay.brake][at_limit] = -np.inf, np.inf
             # the braking bound holds for the command itself too (the drive converges to it):
             # merged into the box rows, exact per joint
-            free = np.full(n, np.inf)
-            lo, hi, conflict = self._merge(box_lo, box_hi, box_lo_src, box_hi_src, -free, free, brk_lo, brk_hi)
-            if conflict is None:
-                conflict = self._unreachable_rows(lo, hi)
-            if conflict is not None:
-                return self._conflict_text(conflict, lo, hi)
-            l[lay.box], u[lay.box] = lo, hi
+            lo, hi, conflict = self._merge(box_lo, box_hi, box_lo_src, box_hi_src, brk_lo, brk_hi)
             # unit-norm coupled rows: a lagging drive gives them coefficients ~0.1 next to the box
             # rows' 1, and unscaled ADMM then ran into its iteration limit (same feasible set)
             rows = lay.coupled
-            norm = np.maximum(np.linalg.norm(A[rows, :n], axis=1), 1e-9)
-            A[rows, :n] /= norm[:, None]
+            a_rows = A[rows, :n]
+            norm = np.sqrt((a_rows * a_rows).sum(axis=1))  # = np.linalg.norm(a_rows, axis=1)
+            if conflict is None:
+                conflict = self._unreachable_rows(lo, hi, a_rows, norm)
+            if conflict is not None:
+                return self._conflict_text(conflict, lo, hi)
+            l[lay.box], u[lay.box] = lo, hi
+            norm = np.maximum(norm, 1e-9)
+            A[rows, :n] = a_rows / norm[:, None]
             l[rows] /= norm
             u[rows] /= norm
 
@@ -403,7 +426,7 @@ class SafetyFilter:
         # then one period): the bound is lowered by how much the previous command's tool speed
         # grows over that horizon, so that it holds at the posture where the command ends too.
         self._tool_speed_lim = lim.tool_speed_max_mps * s_v
-        self._speed_margin = 0.0 if not np.any(u_prev) else speed_polytope.speed_growth(
+        self._speed_margin = 0.0 if not u_prev.any() else speed_polytope.speed_growth(
             jt, self._tool_jacobian(q + u_prev * (self._coast_s + dt)), u_prev, self._tool_speed_lim)
         A[lay.speed, :n] = speed_polytope.speed_rows(jt, u_nom)
         u[lay.speed] = (self._tool_speed_lim - self._speed_margin) * speed_polytope.SPEED_POLYTOPE_COS
@@ -444,7 +467,7 @@ class SafetyFilter:
         return (f"joint_limit:{self._joint_short[i]} cannot be kept within the velocity/acceleration "
                 f"limits (allowed command [{lo[i]:.4g}, {hi[i]:.4g}] rad/s is empty)")
 
-    def _unreachable_rows(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    def _unreachable_rows(self, lo: np.ndarray, hi: np.ndarray, a: np.ndarray, norm: np.ndarray) -> np.ndarray | None:
         """Free the sides of coupled world-model rows that no command in the box [lo, hi] can meet.
 
         Such a side means that, for the model, the joint's velocity and the drive's lag already
@@ -455,11 +478,14 @@ class SafetyFilter:
         row unmeetable, so this repeats until nothing changes; a box that becomes empty is a
         conflict (returned as a mask), i.e. a controlled stop. The check uses the QP's own
         tightened bounds (HARD_MARGIN on the unit-normalized row). The limit is never slacked.
+
+        Args:
+            lo, hi: the box rows' bounds (tightened in place).
+            a, norm: the coupled rows' coefficients (before normalization) and their norms.
         """
         n, rows = self.n, self.layout.coupled  # n position rows, then n braking rows
-        a = self._A[rows, :n]
         pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
-        m = self.HARD_MARGIN_RADPS * np.linalg.norm(a, axis=1)
+        m = self.HARD_MARGIN_RADPS * norm
         l_r, u_r = self._l[rows], self._u[rows]  # views: freeing a side writes through
         for _ in range(2 * n):
             up_bad = np.isfinite(u_r) & (pos @ lo + neg @ hi > u_r - m)
@@ -474,17 +500,19 @@ class SafetyFilter:
         empty = lo > hi
         return empty if empty.any() else None
 
-    def _merge(self, box_lo, box_hi, box_lo_src, box_hi_src, pos_lo, pos_hi, brk_lo, brk_hi):
-        """Per-joint intersection of the box, position and braking bounds.
+    def _merge(self, box_lo, box_hi, box_lo_src, box_hi_src, brk_lo, brk_hi, pos_lo=None, pos_hi=None):
+        """Per-joint intersection of the box, (position) and braking bounds.
 
-        Returns (lo, hi, conflict mask or None); records which limit binds each side.
+        Returns (lo, hi, conflict mask or None); records which limit binds each side (on a tie the
+        first of box, position, braking).
         """
-        his = np.array([box_hi, pos_hi, brk_hi])
-        los = np.array([box_lo, pos_lo, brk_lo])
-        hi_arg, lo_arg = his.argmin(axis=0), los.argmax(axis=0)
-        self._hi_src[:] = np.choose(hi_arg, [box_hi_src, BoundSource.POSITION, BoundSource.BRAKING])
-        self._lo_src[:] = np.choose(lo_arg, [box_lo_src, BoundSource.POSITION, BoundSource.BRAKING])
-        hi, lo = his.min(axis=0), los.max(axis=0)
+        hi, lo = box_hi, box_lo
+        self._hi_src[:], self._lo_src[:] = box_hi_src, box_lo_src
+        for bound_hi, bound_lo, source in (((pos_hi, pos_lo, _POSITION),) if pos_hi is not None else ()) + (
+                (brk_hi, brk_lo, _BRAKING),):
+            tighter_hi, tighter_lo = bound_hi < hi, bound_lo > lo
+            hi, lo = np.where(tighter_hi, bound_hi, hi), np.where(tighter_lo, bound_lo, lo)
+            self._hi_src[tighter_hi], self._lo_src[tighter_lo] = source, source
         bad = lo > hi
         return lo, hi, (bad if bad.any() else None)
 

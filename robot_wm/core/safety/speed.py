@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+_EYE3 = np.eye(3)
 _GRID = np.array([d for d in itertools.product((-1, 0, 1), repeat=3) if any(d)], dtype=float)
 #: Unit directions of the polytope's faces (26).
 SPEED_DIRECTIONS = _GRID / np.linalg.norm(_GRID, axis=1, keepdims=True)
@@ -48,7 +49,7 @@ def rotation_to(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         axis /= math.sqrt(float(axis @ axis))
         return 2.0 * np.outer(axis, axis) - np.eye(3)
     vx = np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
-    return np.eye(3) + vx + (vx @ vx) / (1.0 + c)
+    return _EYE3 + vx + (vx @ vx) / (1.0 + c)
 
 
 def speed_rows(jac_tool: np.ndarray, u_nominal: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ def as_vector(value: Any, n: int) -> np.ndarray | None:
         arr = np.array(value, dtype=float)
     except (TypeError, ValueError):
         return None
-    if arr.shape != (n,) or not np.all(np.isfinite(arr)):
+    if arr.shape != (n,) or not np.isfinite(arr).all():
         return None
     return arr
 
@@ -148,29 +148,29 @@ def check_model(mdl: LinearizedModel, q: np.ndarray, hw_velocity_radps: np.ndarr
             and sig is not None and sig.shape == (dim,)):
         shapes = [None if x is None else np.shape(x) for x in (mdl.f0, mdl.B, mdl.sigma)]
         return Problem(FaultKind.MODEL, f"model shapes f0/B/sigma = {shapes}: expected ({dim},), ({dim}, {n}), ({dim},)")
-    if not (np.all(np.isfinite(f0)) and np.all(np.isfinite(B)) and np.all(np.isfinite(sig))):
+    if not (np.isfinite(f0).all() and np.isfinite(B).all() and np.isfinite(sig).all()):
         return Problem(FaultKind.MODEL, "model contains NaN or Inf")
-    if np.any(sig < 0):
+    if (sig < 0).any():
         return Problem(FaultKind.MODEL, f"model sigma has negative entries {sig[sig < 0].tolist()}")
     step = np.abs(f0[Q] - q)
     reach = 2.0 * hw_velocity_radps * dt_s + 1e-3
-    if np.any(step > reach):
+    if (step > reach).any():
         i = int(np.argmax(step - reach))
         return Problem(FaultKind.MODEL,
                        f"model inconsistent: predicts {joint_names[i]} moves {step[i]:.3g} rad in one period "
                        f"(at most {reach[i]:.3g} rad at the hardware speed limit)")
-    if np.any(np.abs(f0[QD]) > 2.0 * hw_velocity_radps):
+    if (np.abs(f0[QD]) > 2.0 * hw_velocity_radps).any():
         return Problem(FaultKind.MODEL, "model inconsistent: predicts joint velocities beyond twice the hardware limit")
     bq, bqd = B[Q], B[QD]
     diag_q, diag_qd = np.diag(bq) / dt_s, np.diag(bqd)  # in units of the full slope (dt, 1)
-    if (np.any(np.abs(bq) > 2.0 * dt_s) or np.any(np.abs(bqd) > 2.0)
-            or np.any(diag_q < -SLOPE_NOISE) or np.any(diag_qd < -SLOPE_NOISE)):
+    if ((np.abs(bq) > 2.0 * dt_s).any() or (np.abs(bqd) > 2.0).any()
+            or (diag_q < -SLOPE_NOISE).any() or (diag_qd < -SLOPE_NOISE).any()):
         i = int(np.argmin(np.minimum(diag_q, diag_qd)))
         return Problem(FaultKind.MODEL_IMPLAUSIBLE,
                        f"model slope B implausible here (expected |dq+/du| <= 2 dt, |dqdot+/du| <= 2, diagonals >= "
                        f"-{SLOPE_NOISE:g} of the full slope; {joint_names[i]}: dq+/du = {diag_q[i]:.3g} dt, "
                        f"dqdot+/du = {diag_qd[i]:.3g})")
-    if np.any(diag_q < 0) or np.any(diag_qd < 0):  # noise-level negatives: the command does not move it
+    if (diag_q < 0).any() or (diag_qd < 0).any():  # noise-level negatives: the command does not move it
         B = B.copy()
         idx = np.arange(n)
         B[Q][idx, idx] = np.maximum(np.diag(bq), 0.0)
