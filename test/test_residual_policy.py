@@ -10,9 +10,9 @@ from robot_wm import description
 from robot_wm.core.kinematics import Kinematics
 from robot_wm.core.policy_runner import PolicyRunner
 from robot_wm.core.tasks import get_task
-from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig, export_policy, task_layout
+from robot_wm.learning.policy import Actor, ObsNormalizer, PolicyConfig, export_form, export_policy, task_layout
 from robot_wm.learning.scripted_prior import ToolSpeedCap, inverse3, scripted_prior
-from robot_wm.learning.torch_kinematics import TorchToolFK
+from robot_wm.learning.torch_kinematics import ExportToolFK, TorchToolFK
 
 URDF = description.expand()
 JOINTS = description.joint_limits(URDF).names
@@ -40,6 +40,30 @@ def test_the_torch_jacobian_is_pinocchios():
     for i in range(len(q)):
         np.testing.assert_allclose(tool[i].numpy(), KIN.tool_position_m(q[i]), atol=1e-6)  # the chain constants are float32
         np.testing.assert_allclose(jac[i].numpy(), KIN.tool_jacobian(q[i])[:3], atol=1e-6)  # the chain constants are float32
+
+
+@pytest.mark.parametrize("order", ["urdf", "reversed", "extra joint"])
+def test_the_export_kinematics_are_the_training_ones_and_pinocchios(order):
+    """ExportToolFK (the exported graphs' form) against TorchToolFK (training's) and pinocchio, also
+    for a joint order that is not the chain's and a joint off the chain (its column is zero)."""
+    names = {"urdf": JOINTS, "reversed": JOINTS[::-1],
+             "extra joint": (*JOINTS[:3], "gripper_joint", *JOINTS[3:])}[order]
+    fk = TorchToolFK(URDF, names)
+    export = ExportToolFK(fk, len(names))
+    q = np.random.default_rng(2).uniform(-3.5, 3.5, (64, len(names)))
+    on_chain = [names.index(j) for j in JOINTS]
+    for dtype, atol in ((torch.float32, 1e-6), (torch.float64, 1e-6)):  # the chain constants are float32
+        qt = torch.as_tensor(q, dtype=dtype)
+        tool, jac = export.position_and_jacobian(qt)
+        want_tool, want_jac = fk.position_and_jacobian(qt)
+        assert tool.dtype == jac.dtype == dtype and jac.shape == (64, 3, len(names))
+        np.testing.assert_allclose(tool.numpy(), want_tool.numpy(), atol=atol)
+        np.testing.assert_allclose(jac.numpy(), want_jac.numpy(), atol=atol)
+        for i in range(0, 64, 4):
+            np.testing.assert_allclose(tool[i].numpy(), KIN.tool_position_m(q[i, on_chain]), atol=1e-6)
+            np.testing.assert_allclose(jac[i][:, on_chain].numpy(), KIN.tool_jacobian(q[i, on_chain])[:3], atol=1e-6)
+    if order == "extra joint":
+        assert torch.all(jac[..., names.index("gripper_joint")] == 0)
 
 
 def test_the_adjugate_inverse_inverts():
@@ -92,7 +116,7 @@ def test_the_exported_residual_policy_carries_the_prior_and_bounds_the_correctio
     onnx_out = np.stack([runner.act(o) for o in obs])
     with torch.no_grad():
         torch_out = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-    np.testing.assert_allclose(onnx_out, torch_out, atol=1e-4)
+    np.testing.assert_allclose(onnx_out, torch_out, atol=1e-4)  # float32 DLS near singular postures
     assert np.all(np.abs(onnx_out) <= limits + 1e-5)
     correction = onnx_out - baseline
     assert np.abs(correction).max() > 0.1 * limits.min()  # the correction is really there
@@ -115,6 +139,28 @@ def test_the_speed_cap_keeps_the_implied_tool_speed_under_it_in_the_exported_gra
         speeds.append(np.linalg.norm(KIN.tool_linear_velocity_mps(o[:len(JOINTS)], a)))
     assert max(speeds) <= 0.3 + 1e-4 and max(speeds) > 0.29  # the cap binds, and holds
     assert runner.model.meta["tool_speed_cap_mps"] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("name", ["reach", "track"])
+def test_the_export_form_is_the_actor_with_the_kinematics_once_in_a_small_graph(tmp_path, name):
+    """export_policy exports ``export_form(actor)``: the same function as the actor training runs
+    (which it leaves as it was), with the prior's and the cap's tool kinematics computed once."""
+    import onnx
+
+    task = get_task(name)
+    actor = _residual_actor(task, correction=20.0, cap_mps=0.3)
+    keys = list(actor.state_dict())
+    form = export_form(actor)
+    assert actor.kinematics is None and list(actor.state_dict()) == keys and form.kinematics is not None
+    obs = torch.as_tensor(_observations(task, 256, seed=13), dtype=torch.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(form(obs).numpy(), actor(obs).numpy(), atol=1e-6)
+        np.testing.assert_allclose(form.double()(obs.double()).numpy(), actor.double()(obs.double()).numpy(), atol=1e-9)
+    path = export_policy(actor.float(), tmp_path / "policy.onnx", joint_names=JOINTS, task=task.spec,
+                         dataset_sha256="0" * 64, version="test", config=PolicyConfig(prior="scripted"))
+    nodes = onnx.load(str(path)).graph.node
+    assert sum(n.op_type == "Cos" for n in nodes) == 1  # one forward kinematics for the prior and the cap
+    assert len(nodes) < 300, len(nodes)  # 748-782 with TorchToolFK, computed twice
 
 
 def test_a_checkpoint_with_a_prior_loads_back_with_it(tmp_path):

@@ -69,3 +69,26 @@ def test_shipped_versions_name_their_content():
     for path in sidecars:
         meta = json.loads(path.read_text())
         assert meta["version"].endswith("-" + meta["sha256"][:8]), (path, meta["version"])
+
+
+def test_shipped_policies_are_the_current_export_of_their_weights(tmp_path):
+    """Every shipped policy computes the tool kinematics once (issue #13: re-exported from the same
+    weights, robot_wm/learning/reexport.py, within 1e-5 rad/s of the graph before), and the stack's
+    two re-export to themselves bit for bit (what `robot-wm export` writes for the same training)."""
+    import json
+    import shutil
+
+    import onnx
+
+    from robot_wm.learning.reexport import SHIPPED, reexport_policy
+
+    for directory, task in SHIPPED:
+        path = data_path(*directory.split("/"), "policy.onnx")
+        assert sum(n.op_type == "Cos" for n in onnx.load(str(path)).graph.node) == 1, path
+        assert json.loads(path.with_suffix(".json").read_text())["reexport"]["max_abs_deviation_radps"] <= 1e-5
+        if directory in ("models", "models/track"):
+            copy = tmp_path / task
+            copy.mkdir()
+            for name in ("policy.onnx", "policy.json"):
+                shutil.copy(path.with_name(name), copy / name)
+            assert reexport_policy(copy / "policy.onnx", task)["unchanged"], path

@@ -189,6 +189,8 @@ class Actor(nn.Module):
     ``prior(obs) + tanh(x) * residual_fraction * limit``, scaled as a whole into the limits; the
     correction starts near zero, so training starts from the scripted baseline. A ``speed_cap``
     (``ToolSpeedCap``) scales the final command so the tool speed it implies stays under a cap.
+    The prior and the cap each compute the tool kinematics they need, unless ``kinematics`` is set
+    (``export_form``, for the exported graph): then it computes them once and hands them to both.
     """
 
     def __init__(self, normalizer: ObsNormalizer, action_limit_radps: np.ndarray, hidden: int,
@@ -200,6 +202,8 @@ class Actor(nn.Module):
         self.prior = prior
         self.register_buffer("limit", torch.as_tensor(action_limit_radps, dtype=torch.float32))
         self.register_buffer("scale", self.limit * (residual_fraction if prior is not None else 1.0))
+        #: obs -> (tool position, Jacobian) for the prior and the cap, or None: each computes its own
+        self.kinematics: nn.Module | None = None
         if prior is not None:
             with torch.no_grad():  # a small correction with modest exploration at first
                 last = self.net[-1]
@@ -208,13 +212,14 @@ class Actor(nn.Module):
                 last.bias[N_JOINTS:] = -1.0
 
     def _action(self, obs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
+        kin = None if self.kinematics is None else self.kinematics(obs)
         if self.prior is None:
             action = squashed * self.limit
         else:
-            action = self.prior(obs) + squashed * self.scale
+            action = self.prior(obs, kin) + squashed * self.scale
             ratio = (action.abs() / self.limit).amax(-1, keepdim=True)
             action = action / torch.clamp(ratio, min=1.0)
-        return action if self.speed_cap is None else self.speed_cap(obs, action)
+        return action if self.speed_cap is None else self.speed_cap(obs, action, kin)
 
     def dist(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (mean, std) of the pre-tanh Gaussian."""
@@ -532,14 +537,27 @@ def _starts(cfg, rng, q_data, qd_data, hist_data, q_home, task, H):
     return q, qd, hist
 
 
+def export_form(actor: Actor) -> Actor:
+    """A copy of ``actor`` as it is exported: the same function, with the tool position and Jacobian
+    that its prior and cap use computed once per forward, by ``ExportToolFK`` (a few dozen ONNX
+    nodes instead of ~140 per computation, twice). ``actor`` itself keeps ``TorchToolFK``: training
+    runs it, and the shipped policies were trained with its exact rounding."""
+    from robot_wm.learning.scripted_prior import shared_kinematics
+
+    form = copy.deepcopy(actor).eval()
+    form.kinematics = shared_kinematics(form.prior, form.speed_cap)
+    return form
+
+
 def export_policy(actor: Actor, path, *, joint_names, task, dataset_sha256: str, version: str,
                   metrics: dict | None = None, config: PolicyConfig | None = None, training_command: str | None = None):
-    """Export the deterministic actor (normalization and scaling inside) with its sidecar (task and layout in it)."""
+    """Export the deterministic actor (normalization and scaling inside, ``export_form``) with its
+    sidecar (task and layout in it)."""
     from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
 
     layout = task_layout(task)
     signature = policy_signature(layout_width(layout))
-    path = export_onnx(actor.eval(), example_inputs(signature, batch=1), path, signature.input_names,
+    path = export_onnx(export_form(actor.eval()), example_inputs(signature, batch=1), path, signature.input_names,
                        signature.output_names)
     reward_fields = (("error_cost", "action_cost") if isinstance(task, TrackSpec)
                      else ("goal_bonus", "goal_bonus_radius_m", "action_cost"))

@@ -11,6 +11,10 @@ through them), and with plain tensor ops so that the exported ONNX graph carries
 deployed policy is still one ``obs -> action_radps`` graph. Their parameters are read from the
 numpy baseline objects themselves (``task.baseline()``), so the two cannot drift apart; a test
 checks them against each other.
+
+Each module computes the tool position and Jacobian at the measured posture itself (training runs
+them so), or takes them as ``kin``: the exported graph computes them once, in
+``ExportToolFK``'s few-node form, for the prior and the cap together (``shared_kinematics``).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import torch
 from torch import nn
 
 from robot_wm.contracts import N_JOINTS
-from robot_wm.learning.torch_kinematics import TorchToolFK, cross3
+from robot_wm.learning.torch_kinematics import ExportToolFK, TorchToolFK, cross3
 
 
 def inverse3(m: torch.Tensor) -> torch.Tensor:
@@ -44,9 +48,11 @@ class TorchDls(nn.Module):
         self.max_tool_speed = float(reacher.max_tool_speed)
         self.home_gain = float(reacher.home_gain)
 
-    def command(self, q: torch.Tensor, v_tool_of_p) -> torch.Tensor:
-        """Joint velocities for tool velocity ``v_tool_of_p(p_tool)`` (a function of the tool position)."""
-        tool, jac = self.fk.position_and_jacobian(q)
+    def command(self, q: torch.Tensor, v_tool_of_p,
+                kin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Joint velocities for tool velocity ``v_tool_of_p(p_tool)`` (a function of the tool position);
+        ``kin``: the tool position and Jacobian at ``q`` if already computed."""
+        tool, jac = self.fk.position_and_jacobian(q) if kin is None else kin
         v_tool = v_tool_of_p(tool)
         speed = torch.sqrt((v_tool * v_tool).sum(-1, keepdim=True))
         v_tool = v_tool * (self.max_tool_speed / torch.clamp(speed, min=self.max_tool_speed))
@@ -69,9 +75,9 @@ class ReachPrior(nn.Module):
         self.q, self.goal = layout["q_rad"], layout["goal_m"]
         self.register_buffer("limit", torch.as_tensor(baseline.action_limit_radps, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, kin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         goal = obs[..., self.goal]
-        v = self.dls.command(obs[..., self.q], lambda tool: self.gain * (goal - tool))
+        v = self.dls.command(obs[..., self.q], lambda tool: self.gain * (goal - tool), kin)
         return torch.minimum(torch.maximum(v, -self.limit), self.limit)
 
 
@@ -88,11 +94,11 @@ class TrackPrior(nn.Module):
         weights = [float(baseline._velocity(np.eye(k)[:, i:i + 1] * np.ones((1, 3)))[0]) for i in range(k)]
         self.register_buffer("velocity_weights", torch.as_tensor(weights, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, kin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         preview = obs[..., self.preview].reshape(*obs.shape[:-1], -1, 3)
         v_ref = (self.velocity_weights[:, None] * preview).sum(-2)
         ref = preview[..., 0, :]
-        return self.dls.command(obs[..., self.q], lambda tool: v_ref + self.gain * (ref - tool))
+        return self.dls.command(obs[..., self.q], lambda tool: v_ref + self.gain * (ref - tool), kin)
 
 
 def scripted_prior(task, layout: dict[str, slice], fk: TorchToolFK) -> nn.Module:
@@ -112,8 +118,35 @@ class ToolSpeedCap(nn.Module):
             raise ValueError(f"tool speed cap {cap_mps!r} m/s: expected > 0")
         self.fk, self.q, self.cap = fk, q_slice, float(cap_mps)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        _, jac = self.fk.position_and_jacobian(obs[..., self.q])
+    def forward(self, obs: torch.Tensor, action: torch.Tensor,
+                kin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        _, jac = self.fk.position_and_jacobian(obs[..., self.q]) if kin is None else kin
         v = (jac @ action.unsqueeze(-1)).squeeze(-1)
         speed = torch.sqrt((v * v).sum(-1, keepdim=True))
         return action * (self.cap / torch.clamp(speed, min=self.cap))
+
+
+class ObservedToolKinematics(nn.Module):
+    """The tool position and linear Jacobian at an observation's measured joint positions."""
+
+    def __init__(self, fk: nn.Module, q_slice: slice) -> None:
+        super().__init__()
+        self.fk, self.q = fk, q_slice
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fk.position_and_jacobian(obs[..., self.q])
+
+
+def shared_kinematics(prior: nn.Module | None, cap: ToolSpeedCap | None) -> ObservedToolKinematics | None:
+    """One ``ExportToolFK`` computation for a prior (``scripted_prior``) and a cap, handed to both as
+    ``kin`` (what the exported graph runs); None when neither needs the kinematics."""
+    users = ([(prior.dls.fk, prior.q)] if prior is not None else []) + ([(cap.fk, cap.q)] if cap is not None else [])
+    if not users:
+        return None
+    fk, q = users[0]
+    for other_fk, other_q in users[1:]:
+        same = other_fk.index == fk.index and all(torch.equal(getattr(other_fk, b), getattr(fk, b))
+                                                  for b in ("rot", "trans", "tool_trans"))
+        if other_q != q or not same:
+            raise ValueError("the prior and the tool-speed cap use different kinematics: they cannot share one")
+    return ObservedToolKinematics(ExportToolFK(fk, q.stop - q.start), q)
