@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,17 +108,19 @@ def replay(stream: Path, out: Path, analytic: bool) -> None:
                   wrench=WrenchSample(np.zeros(3), t, config.ft_frame))
         if ctrl.reset()[0]:
             break
-    us, info = [], []
+    us, info, took = [], [], []
     for i in range(len(s["t"])):
         t = float(s["t"][i])
+        t0 = time.perf_counter_ns()
         o = ctrl.step(t, joint=JointSample(s["q"][i], s["qd"][i], t - 0.005), nominal=NominalSample(s["u_nom"][i], t),
                       wrench=WrenchSample(s["force"][i], t, config.ft_frame))
+        took.append(time.perf_counter_ns() - t0)
         us.append(o.u_safe_radps)
         info.append([o.state.name, str(o.fault_kind), ",".join(o.latches), ",".join(sorted(o.active_constraints))])
         if s["reset"][i]:
             ctrl.reset()
     np.save(out, np.asarray(us))
-    out.with_suffix(".json").write_text(json.dumps(info))
+    out.with_suffix(".json").write_text(json.dumps({"info": info, "step_ns": took}))
 
 
 def _child(tree: Path, *args: str) -> None:
@@ -150,8 +153,8 @@ def main() -> int:
         _child(ROOT, "--replay", str(stream), str(tmp / "ours.npy"), *(["--analytic"] if a.analytic else []))
         _child(base, "--replay", str(stream), str(tmp / "base.npy"))
         u_ours, u_base = np.load(tmp / "ours.npy"), np.load(tmp / "base.npy")
-        i_ours = json.loads((tmp / "ours.json").read_text())
-        i_base = json.loads((tmp / "base.json").read_text())
+        d_ours, d_base = (json.loads((tmp / f"{w}.json").read_text()) for w in ("ours", "base"))
+    i_ours, i_base = d_ours["info"], d_base["info"]
     diff = np.abs(u_ours - u_base).max(axis=1)
     fields = ("state", "fault_kind", "latches", "active constraints")
     mism = {f: [i for i in range(len(i_ours)) if i_ours[i][j] != i_base[i][j]] for j, f in enumerate(fields)}
@@ -161,6 +164,9 @@ def main() -> int:
     print(f"{len(diff)} periods replayed (states of this tree: {states})")
     print(f"largest |u_ours - u_baseline|: {diff.max():.3g} rad/s (period {int(diff.argmax())}); "
           f"periods differing by > 1e-6: {int((diff > 1e-6).sum())}, > 1e-3: {int((diff > 1e-3).sum())}")
+    for name, d in (("this tree", d_ours), ("baseline", d_base)):
+        ns = np.asarray(d["step_ns"]) / 1e3
+        print(f"SafetyController.step on {name}: p50 {np.percentile(ns, 50):.0f} µs, p99 {np.percentile(ns, 99):.0f} µs")
     for f, idx in mism.items():
         print(f"periods whose {f} differ: {len(idx)}" + (f" (first {idx[:5]}: ours {[i_ours[i] for i in idx[:2]]} "
                                                          f"vs baseline {[i_base[i] for i in idx[:2]]})" if idx else ""))

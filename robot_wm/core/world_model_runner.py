@@ -90,7 +90,7 @@ def _vector(name: str, value, n: int = N_JOINTS) -> np.ndarray:
     arr = np.asarray(value, dtype=np.float64)
     if arr.shape != (n,):
         raise WorldModelInputError(f"{name} has shape {arr.shape}: expected ({n},)")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise WorldModelInputError(f"{name} = {arr.tolist()} contains NaN or Inf")
     return arr
 
