@@ -89,16 +89,12 @@ node logs and filter records. Prints numbers only; timings are never pass/fail.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -114,17 +110,18 @@ if str(BENCH_DIR) not in sys.path:
 DT = 0.01  # the in-process loop's period: the models' control_dt_s (= bench_safety_filter.DT)
 
 RATES_HZ = (100, 250, 500, 1000)
-MAIN_MODES = ("separate", "composed")  # the shipped executor (runner.make_executor's default: EventsExecutor)
-BASELINE_MODES = ("separate_single", "composed_single")  # the same stacks with ROBOT_WM_EXECUTOR=single
-MODES = MAIN_MODES + BASELINE_MODES
-EXECUTOR_ENV = "ROBOT_WM_EXECUTOR"  # read by robot_wm.nodes.runner.make_executor
-EXECUTOR_CLASS = {"events": "EventsExecutor", "single": "SingleThreadedExecutor"}
 PARTS = ("stages", "typical", "executor", "e2e")
-CONTROL_NODES = ("safety_filter", "world_model", "policy")
-COMMAND_TOPIC = "/forward_velocity_controller/commands"
-ARM_DEFAULT_RATE_HZ = 500.0
-ARM_MAX_RATE_HZ = 1000.0  # arm_sim's declared range of publish_rate_hz ends here
-PERIOD_RANGE_S = (0.001, 0.1)  # ControlNode's declared range of control_period_s (1 kHz is allowed)
+# the end-to-end engine (robot-wm bench e2e): modes, the stack's processes, the observer, one configuration
+from robot_wm.benchmarks.e2e import (  # noqa: E402
+    BASELINE_MODES,
+    MAIN_MODES,
+    EXECUTOR_CLASS,
+    MODES,
+    Recorder,
+    _child,
+    _jsonable,
+    run_config,
+)
 
 PRESETS = {  # per-configuration seconds, warm-up, in-process periods, cvxpy samples, executor seconds
     "quick": dict(seconds=3.0, warmup=1.0, periods=800, cvxpy_samples=60, executor_seconds=1.0),
@@ -162,7 +159,6 @@ from robot_wm.benchmarks.hotpath import (  # noqa: E402
     STAGE_LABELS,
     HotPath,
     build_hot_path,
-    enable_hot_path,
     stage_timings,
 )
 
@@ -389,60 +385,7 @@ def executor_hop(kind: str, seconds: float, period_s: float = 0.002) -> dict[str
 
 
 # ---------------------------------------------------------------------- part 2 + 4: the stack under ROS
-def _child(argv: list[str]) -> int:
-    """``--child MODULE RECORD_PATH --ros-args ...``: run a node module with the filter instrumented.
-
-    The SafetyFilterNode's timing hook (``SafetyFilterNode.period_hook``) notes the wall-clock
-    times of every period (see the module docstring). The executor is whatever the runner's ``make_executor``
-    builds from $ROBOT_WM_EXECUTOR (set by the parent per mode); a pass-through wrapper only
-    notes its class. The records are written when the process stops (SIGINT), the executor's
-    class next to them (RECORD_PATH with the suffix .executor).
-    """
-    module, record_path = argv[0], argv[1]
-    ros_args = argv[2:]
-    from robot_wm.nodes import runner
-    from robot_wm.nodes.safety_filter_node import SafetyFilterNode as cls
-
-    records: list[tuple[int, int, int, int, int]] = []
-    built: list[str] = []
-    orig_make_executor = runner.make_executor
-
-    def record(r) -> None:  # SafetyFilterNode's supported timing hook
-        records.append((r.state_stamp_ns, r.state_received_ns, r.step_start_ns, r.publish_ns, r.state))
-
-    def make_executor(context, kind=None):  # selection unchanged: only note what was built
-        executor = orig_make_executor(context, kind)
-        built.append(type(executor).__name__)
-        return executor
-
-    cls.period_hook = record
-    runner.make_executor = make_executor
-    sys.argv = [module, *ros_args]
-    code: Any = 0
-    try:
-        importlib.import_module(module).main()
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        np.save(record_path, np.asarray(records, dtype=np.int64).reshape(-1, 5))
-        Path(record_path).with_suffix(".executor").write_text(",".join(built))
-    return int(code or 0)
-
-
-def executor_kind(mode: str) -> str:
-    """The executor a mode runs its node processes on: "single" for the *_single baselines, else "events"."""
-    return "single" if mode.endswith("_single") else "events"
-
-
-def mode_env(mode: str, env: dict[str, str]) -> dict[str, str]:
-    """The node processes' environment for ``mode``: the shipped default (no $ROBOT_WM_EXECUTOR) or =single."""
-    env = dict(env)
-    env.pop(EXECUTOR_ENV, None)
-    if executor_kind(mode) == "single":
-        env[EXECUTOR_ENV] = "single"
-    return env
-
-
+# the end-to-end engine is robot-wm bench e2e's (robot_wm.benchmarks.e2e)
 def config_plan(modes: list[str], rates: list[float], every_rate: bool) -> list[tuple[str, float]]:
     """(mode, rate) configurations in run order: rate by rate, so a mode and its baseline run back to back.
 
@@ -450,284 +393,6 @@ def config_plan(modes: list[str], rates: list[float], every_rate: bool) -> list[
     """
     low = min(rates) if rates else None
     return [(m, r) for r in rates for m in modes if every_rate or m not in BASELINE_MODES or r == low]
-
-
-def _specs_for(mode: str, rate_hz: float) -> tuple[list, float]:
-    """The ProcessSpecs of ``robot-wm up`` [--composed] with the control period set; return (specs, arm rate).
-
-    ``control_period_s`` goes in as a plan override, which ``command_for`` hands to every hosted node
-    of the composed process (node-qualified ``-p``); nodes that do not declare it ignore it.
-    """
-    from robot_wm.graph import plan
-
-    arm_rate = min(max(ARM_DEFAULT_RATE_HZ, rate_hz), ARM_MAX_RATE_HZ)
-    specs = []
-    overrides: dict = {"control_period_s": 1.0 / rate_hz}
-    if abs(rate_hz - 100.0) > 1e-9:
-        # the shipped world model predicts 10 ms steps: at other rates the filter refuses to start
-        # with it (require_model) and is benchmarked with its kinematic model instead
-        overrides["require_model"] = False
-    for s in plan("mujoco", composed=mode.startswith("composed"), overrides=overrides, enable=True):
-        if s.needs_ros_install:
-            continue  # robot_state_publisher: not started by `robot-wm up` without a ROS install either
-        if s.name == "arm_sim":
-            s = dataclasses.replace(s, parameters={**s.parameters, "publish_rate_hz": float(arm_rate)})
-        specs.append(s)
-    return specs, arm_rate
-
-
-def _command(spec, record: Path | None) -> list[str]:
-    """``command_for(spec)``; the safety_filter (or composed) process via ``--child`` when ``record`` is given."""
-    from robot_wm.process_group import command_for
-
-    cmd = command_for(spec)
-    if record is not None and (spec.name == "safety_filter" or "safety_filter" in spec.composes):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", spec.module, str(record),
-               *cmd[cmd.index("--ros-args"):]]
-    return cmd
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/<pid>/stat); 0.0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def memory_of(pid: int) -> dict[str, float]:
-    """RSS, PSS and USS of a process in MiB (psutil when installed, else /proc/<pid>/smaps_rollup)."""
-    try:
-        import psutil
-
-        info = psutil.Process(pid).memory_full_info()
-        return {"rss_mib": info.rss / 2**20, "pss_mib": info.pss / 2**20, "uss_mib": info.uss / 2**20,
-                "source": "psutil"}
-    except ImportError:
-        pass
-    fields: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
-        parts = line.split()
-        if len(parts) >= 2 and parts[1].isdigit():
-            fields[parts[0].rstrip(":")] = int(parts[1])  # kB
-    uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
-    return {"rss_mib": fields.get("Rss", 0) / 1024, "pss_mib": fields.get("Pss", 0) / 1024, "uss_mib": uss / 1024,
-            "source": "/proc/smaps_rollup"}
-
-
-class Recorder:
-    """Observer in this process: /joint_states (stamp, source time) and commands (source, receive time)."""
-
-    def __init__(self, context) -> None:
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.node import Node
-        from rclpy.qos import QoSProfile, ReliabilityPolicy
-        from sensor_msgs.msg import JointState
-        from std_msgs.msg import Float64MultiArray
-
-        self.node = Node("bench_control_path_observer", context=context)
-        qos = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
-        self.js: list[tuple[int, int]] = []
-        self.cmd: list[tuple[int, int]] = []
-        self.moving = False  # a non-zero command was seen: the policy's nominal got through the filter
-        self.node.create_subscription(JointState, "/joint_states", self._on_js, qos)
-        self.node.create_subscription(Float64MultiArray, COMMAND_TOPIC, self._on_cmd, qos)
-        # the observer is not a robot_wm node: it stays on rclpy's plain SingleThreadedExecutor in every mode
-        self.executor = SingleThreadedExecutor(context=context)
-        self.executor.add_node(self.node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.05)
-
-    def _on_js(self, msg, info) -> None:
-        self.js.append((msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec, info["source_timestamp"]))
-
-    def _on_cmd(self, msg, info) -> None:
-        self.cmd.append((info["source_timestamp"], info["received_timestamp"]))
-        if not self.moving and any(msg.data):
-            self.moving = True
-
-    def clear(self) -> None:
-        self.js, self.cmd, self.moving = [], [], False
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
-        self.executor.remove_node(self.node)
-        self.node.destroy_node()
-        self.executor.shutdown(timeout_sec=1.0)
-
-
-def _gaps(times_ns: np.ndarray, period_s: float) -> dict[str, Any]:
-    """Inter-arrival stats and missed periods (intervals > 1.5 periods) of a sorted time series."""
-    if times_ns.size < 2:
-        return {"n": int(times_ns.size), "missed": 0, "missed_pct": math.nan, "rate_hz": math.nan,
-                "interval": stats_us([])}
-    d = np.diff(times_ns)
-    missed = int(np.sum(d > 1.5 * period_s * 1e9))
-    return {"n": int(times_ns.size), "missed": missed, "missed_pct": 100.0 * missed / d.size,
-            "rate_hz": float(d.size / ((times_ns[-1] - times_ns[0]) * 1e-9)), "interval": stats_us(d)}
-
-
-def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    errors = [ln.strip() for ln in text if "Error" in ln or "Exception:" in ln or "error" in ln]
-    return " | ".join((errors or text)[-lines:])[-600:]
-
-
-def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorder: Recorder, env: dict[str, str],
-               workdir: Path, instrument: bool, startup_timeout: float = 90.0) -> dict[str, Any]:
-    """Start the stack for one (mode, rate), measure for ``seconds`` after ``warmup``, stop it; return numbers."""
-    from robot_wm.process_group import Child, ProcessGroup, _die_with_parent
-
-    period = 1.0 / rate_hz
-    specs, arm_rate = _specs_for(mode, rate_hz)
-    env = mode_env(mode, env)
-    tag = f"{mode}_{int(rate_hz)}"
-    record = workdir / f"{tag}_filter.npy" if instrument else None
-    res: dict[str, Any] = {"mode": mode, "rate_hz": rate_hz, "period_s": period, "arm_sim_rate_hz": arm_rate,
-                           "executor": EXECUTOR_CLASS[executor_kind(mode)],
-                           EXECUTOR_ENV: env.get(EXECUTOR_ENV, "(unset: the shipped default)"),
-                           "status": "ok", "instrumented": instrument}
-    group = ProcessGroup(specs, env)
-    logs: dict[str, Path] = {}
-    recorder.clear()
-    t_start = time.monotonic()
-    try:
-        for spec in group.specs:  # ProcessGroup.start() with each child's output in a log file and our command
-            logs[spec.name] = workdir / f"{tag}_{spec.name}.log"
-            with open(logs[spec.name], "wb") as log:
-                proc = subprocess.Popen(_command(spec, record), env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                        preexec_fn=_die_with_parent)
-            group.children.append(Child(spec, proc))
-        res["processes"] = {c.spec.name: c.process.pid for c in group.children}
-        # up = the filter passes a non-zero command (it publishes zeros while it waits for the policy)
-        deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline and not group.failed() and not recorder.moving:
-            time.sleep(0.05)
-        res["startup_s"] = time.monotonic() - t_start
-        if group.failed():
-            control = [c for c in group.children if c.spec.name in CONTROL_NODES or c.spec.composes]
-            settle = time.monotonic() + 5.0  # let the other control processes finish failing too
-            while time.monotonic() < settle and any(c.process.poll() is None for c in control):
-                time.sleep(0.05)
-            failed = group.failed()
-            res["error"] = "; ".join(f"{c.spec.name} exited {c.process.returncode}: {_tail(logs[c.spec.name])}"
-                                     for c in failed)
-            res["status"] = "failed"
-            refused = [c for c in failed if c.process.returncode == 2 and "configuration error" in _tail(
-                logs[c.spec.name], 20)]
-            if refused and len(refused) == len(failed):  # the runner's exit 2: a parameter it does not accept
-                res["status"] = "refused"
-                first = next((c for c in refused if c.spec.name in CONTROL_NODES or c.spec.composes), refused[0])
-                why = _tail(logs[first.spec.name], 1).split("configuration error:", 1)[-1].strip()
-                res["error"] = (f"{', '.join(c.spec.name for c in refused)} refused the configuration "
-                                f"(control_period_s={period:g}; ControlNode accepts {PERIOD_RANGE_S[0]:g}.."
-                                f"{PERIOD_RANGE_S[1]:g} s) and exited 2: {why}; "
-                                f"arm_sim kept running at {arm_rate:.0f} Hz")
-        elif not recorder.cmd:
-            res["status"], res["error"] = "failed", f"no command on {COMMAND_TOPIC} within {startup_timeout:.0f} s"
-        elif not recorder.moving:
-            res["note"] = f"only zero commands within {startup_timeout:.0f} s (the policy's nominal never got through)"
-        time.sleep(warmup)
-        cpu0 = {c.spec.name: _cpu_s(c.process.pid) for c in group.children}
-        own0, m0 = time.process_time(), time.monotonic()
-        w0 = time.time_ns()
-        time.sleep(seconds if res["status"] == "ok" else min(seconds, 2.0))
-        w1 = time.time_ns()
-        span = time.monotonic() - m0
-        res["cpu_pct"] = {c.spec.name: 100.0 * (_cpu_s(c.process.pid) - cpu0[c.spec.name]) / span
-                          for c in group.children if c.process.poll() is None and cpu0[c.spec.name] > 0}
-        control = {c.spec.name for c in group.children if c.spec.name in CONTROL_NODES or c.spec.composes}
-        res["control_cpu_pct"] = sum(v for k, v in res["cpu_pct"].items() if k in control)  # policy+wm+filter
-        res["stack_cpu_pct"] = sum(res["cpu_pct"].values())  # every node process
-        res["cpu_pct"]["bench observer (this process)"] = 100.0 * (time.process_time() - own0) / span
-        res["memory"] = {}
-        for c in group.children:
-            if c.process.poll() is None:
-                try:
-                    res["memory"][c.spec.name] = memory_of(c.process.pid)
-                except OSError:
-                    pass
-        js = np.asarray(list(recorder.js), dtype=np.int64).reshape(-1, 2)
-        cmd = np.asarray(list(recorder.cmd), dtype=np.int64).reshape(-1, 2)
-        js = js[np.argsort(js[:, 1])]
-        js_w = js[(js[:, 1] >= w0) & (js[:, 1] < w1)]
-        res["joint_states"] = _gaps(js_w[:, 1], 1.0 / arm_rate)
-        if res["status"] == "ok":
-            cmd = cmd[np.argsort(cmd[:, 0])]
-            cmd_w = cmd[(cmd[:, 0] >= w0) & (cmd[:, 0] < w1)]
-            res["commands_observed"] = _gaps(cmd_w[:, 0], period)
-            idx = np.searchsorted(js[:, 1], cmd_w[:, 0], side="right") - 1
-            ok = idx >= 0
-            res["latency_external"] = stats_us(cmd_w[ok, 0] - js[idx[ok], 0])
-            res["command_transport"] = stats_us(cmd_w[:, 1] - cmd_w[:, 0])  # filter's publish -> this observer
-    finally:
-        res["stop_s"] = _stop(group)
-        res["exit_codes"] = {c.spec.name: c.process.returncode for c in group.children}
-        res["wall_s"] = time.monotonic() - t_start
-    if record is not None and res["status"] == "ok":
-        try:
-            rec = np.load(record)
-        except OSError as exc:
-            res["in_chain"] = {"error": f"no records from the filter process ({exc})"}
-        else:
-            res["in_chain"] = _in_chain(rec, w0, w1, period)
-        seen = record.with_suffix(".executor")
-        res["executor_built"] = seen.read_text() if seen.is_file() else None  # as make_executor reported it
-        if res["executor_built"] and res["executor_built"] != res["executor"]:
-            res["note"] = (res.get("note", "") + f"; executor built {res['executor_built']}, expected "
-                           f"{res['executor']}").lstrip("; ")
-    return res
-
-
-def _stop(group, grace_s: float = 8.0) -> dict[str, float | None]:
-    """SIGINT every child (reverse start order), note when each exits, then ``ProcessGroup.stop`` (SIGKILL) the rest.
-
-    Returns seconds from SIGINT to exit per child (None: it had to be killed).
-    """
-    import signal
-
-    t0 = time.monotonic()
-    for child in reversed(group.children):
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGINT)
-    exited: dict[str, float | None] = {c.spec.name: None for c in group.children}
-    while time.monotonic() - t0 < grace_s and any(c.process.poll() is None for c in group.children):
-        for c in group.children:
-            if exited[c.spec.name] is None and c.process.poll() is not None:
-                exited[c.spec.name] = time.monotonic() - t0
-        time.sleep(0.02)
-    for c in group.children:
-        if exited[c.spec.name] is None and c.process.poll() is not None:
-            exited[c.spec.name] = time.monotonic() - t0
-    group.grace_s = 0.5
-    group.stop()  # SIGINT again + SIGKILL after 0.5 s for any child still running
-    return exited
-
-
-def _in_chain(rec: np.ndarray, w0: int, w1: int, period: float) -> dict[str, Any]:
-    """Latency and missed periods from the filter's own records within the window."""
-    from robot_wm.core.safety import FilterState
-
-    rec = rec[(rec[:, 3] >= w0) & (rec[:, 3] < w1)]
-    ran = rec[(rec[:, 4] >= 0) & (rec[:, 0] > 0)]  # periods that ran the filter on a received state
-    states = {FilterState(s).name if s >= 0 else "WAITING": int(np.sum(rec[:, 4] == s)) for s in np.unique(rec[:, 4])}
-    same = int(np.sum(np.diff(ran[:, 0]) == 0)) if len(ran) > 1 else 0
-    return {"latency": stats_us(ran[:, 3] - ran[:, 0]),  # command publish call - consumed JointState stamp
-            "state_delivery": stats_us(ran[:, 1] - ran[:, 0]),  # stamp -> filter's joint-state callback
-            "state_age_at_step": stats_us(ran[:, 2] - ran[:, 0]),  # stamp -> control step start
-            "compute": stats_us(ran[:, 3] - ran[:, 2]),  # control step start -> publish call
-            "publishes": _gaps(rec[:, 3], period), "states": states, "same_state_reused": same}
 
 
 def print_e2e(say: Out, results: list[dict[str, Any]]) -> None:
@@ -884,23 +549,6 @@ def print_typical(say: Out, typ: dict[str, Any] | None, execs: dict[str, Any] | 
 
 
 # ------------------------------------------------------------------------------------------------- main
-def _jsonable(obj: Any) -> Any:
-    """Plain JSON: numpy scalars and arrays to Python, NaN/Inf to None, tuples to lists."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     preset = parser.add_mutually_exclusive_group()

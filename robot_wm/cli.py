@@ -298,9 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench = p.add_subparsers(dest="bench", required=True)
     q = bench.add_parser("hotpath", help="compute of one control period in process, per stage (p50/p99/max µs), "
                                          "optionally against a baseline revision")
-    from robot_wm.benchmarks import hotpath
+    from robot_wm.benchmarks import e2e, hotpath
     hotpath.add_arguments(q)
     q.set_defaults(func=hotpath.command)
+    q = bench.add_parser("e2e", help="the stack under ROS end to end: missed periods, latency, CPU and memory per "
+                                     "process, optionally against a baseline revision")
+    e2e.add_arguments(q)
+    q.set_defaults(func=e2e.command)
 
     from robot_wm.learning.demos_cli import add_parsers as add_demo_parsers
     from robot_wm.learning.pipeline import add_parsers

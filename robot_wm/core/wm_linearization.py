@@ -163,7 +163,7 @@ def linearization_graph(w: EnsembleWeights) -> bytes:
     """The batch-1 ONNX graph (serialized) of :data:`LIN_NEXT_STATE`, :data:`LIN_JACOBIAN`, :data:`LIN_STD`."""
     from onnx import TensorProto, helper
 
-    n, h, k, m = N_JOINTS, w.action_history, w.qdot_history, w.members
+    n, h, k = N_JOINTS, w.action_history, w.qdot_history
     g = _Graph()
     g.const("one", np.ones(1))
     inputs = [helper.make_tensor_value_info(WM_Q, TensorProto.FLOAT, [1, n]),

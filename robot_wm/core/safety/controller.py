@@ -55,7 +55,6 @@ from robot_wm.core.safety.types import (
     FilterState,
     Latch,
     LinearizedModel,
-    no_slack,
 )
 from robot_wm.core.safety.validate import ParsedInput, Problem, check_model
 from robot_wm.core.safety.wrench import ForceTare

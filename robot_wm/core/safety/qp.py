@@ -44,7 +44,6 @@ from robot_wm.core.safety.types import (
     FilterInput,
     FilterOutput,
     FilterState,
-    LinearizedModel,
     no_slack,
     solver_status_text,
 )
