@@ -58,6 +58,9 @@ def _nodes(context):
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else {}
     overrides.update(graph.policy_overrides(task, "bringup"))
+    realtime = int(LaunchConfiguration("realtime_priority").perform(context) or 0)
+    if realtime:  # SCHED_FIFO for the arm and control processes (robot_wm.realtime)
+        overrides["realtime_priority"] = realtime
     log = launch.logging.get_logger("robot_wm.bringup")
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
                            enable=enable, task=task, trust=trust, installed=_installed, warn=log.warning):
@@ -107,5 +110,8 @@ def generate_launch_description():
                               description="the trust monitor judges the world model and feeds the filter's trust level"),
         DeclareLaunchArgument("task", default_value="reach",
                               description="reach (goal_sequencer) | track (path_sequencer); the policy's task"),
+        DeclareLaunchArgument("realtime_priority", default_value="0",
+                              description="SCHED_FIFO priority 1..98 of the control and embedded-arm processes "
+                                          "(0: the normal scheduler; needs CAP_SYS_NICE or an rtprio limit)"),
         OpaqueFunction(function=_nodes),
     ])

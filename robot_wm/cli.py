@@ -65,8 +65,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         return 2
     from robot_wm.graph import policy_overrides
 
-    specs = plan(args.hardware, overrides={"profile": args.profile, **policy_overrides(args.task, "up")},
-                 composed=args.composed, enable=args.enable, task=args.task, trust=not args.no_trust)
+    overrides = {"profile": args.profile, **policy_overrides(args.task, "up")}
+    if args.realtime_priority:  # SCHED_FIFO for the arm and control processes (robot_wm.realtime)
+        overrides["realtime_priority"] = args.realtime_priority
+    specs = plan(args.hardware, overrides=overrides, composed=args.composed, enable=args.enable, task=args.task,
+                 trust=not args.no_trust)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -200,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "without it the filter waits for `robot-wm reset`)")
     p.add_argument("--no-trust", action="store_true",
                    help="leave the trust monitor out (the filter runs on its configured default trust level)")
+    p.add_argument("--realtime-priority", type=int, default=0, metavar="PRIO",
+                   help="SCHED_FIFO priority 1..98 for the arm and control processes (0, default: the normal "
+                        "scheduler); needs root, CAP_SYS_NICE or an rtprio limit, else a warning and normal scheduling")
     p.set_defaults(func=_cmd_up)
 
     p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")

@@ -45,6 +45,7 @@ from std_srvs.srv import Trigger
 from robot_wm.core.driver_contract import STATE_TEXT, CommandTimeout, DriverState, Refusal, check_command
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError
+from robot_wm.realtime import PRIORITY_RANGE
 
 _DIAG_LEVEL = {DriverState.RUNNING: DiagnosticStatus.OK, DriverState.TIMED_OUT: DiagnosticStatus.WARN,
                DriverState.FAULT: DiagnosticStatus.ERROR}
@@ -94,6 +95,9 @@ class ArmDriver(Node):
                                      "Float64MultiArray joint velocity input (rad/s)", read_only=True)
         self.joint_names = list(declare(self, "joint_names", list(limits.names), "joint order of commands and states",
                                         read_only=True))
+        self.realtime_priority = declare(
+            self, "realtime_priority", 0, "SCHED_FIFO priority of the driver's process, 1..98 (0: the normal "
+            "scheduler; robot_wm.realtime)", range_=PRIORITY_RANGE, read_only=True)
         if self.joint_names != list(limits.names):
             raise NodeConfigError(f"{node_name}: parameter joint_names {self.joint_names} does not match the URDF's "
                                   f"{list(limits.names)}")

@@ -105,12 +105,14 @@ def mode_env(mode: str, env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _specs_for(mode: str, rate_hz: float, filter_rate_hz: float | None = None) -> tuple[list, float]:
+def _specs_for(mode: str, rate_hz: float, filter_rate_hz: float | None = None,
+               realtime_priority: int = 0, step_on_state: bool | None = None) -> tuple[list, float]:
     """The ProcessSpecs of ``robot-wm up`` [--composed] with the control period set; return (specs, arm rate).
 
     ``control_period_s`` goes in as a plan override, which ``command_for`` hands to every hosted node
     of the composed process (node-qualified ``-p``); nodes that do not declare it ignore it.
     ``filter_rate_hz``: the safety filter's own period (``_command`` appends it for that node only).
+    ``realtime_priority``: SCHED_FIFO for the arm and control processes (robot_wm.realtime).
     """
     from robot_wm.graph import plan
 
@@ -118,6 +120,10 @@ def _specs_for(mode: str, rate_hz: float, filter_rate_hz: float | None = None) -
     arm_rate = min(max(ARM_DEFAULT_RATE_HZ, fastest), ARM_MAX_RATE_HZ)
     specs = []
     overrides: dict = {"control_period_s": 1.0 / rate_hz}
+    if realtime_priority:
+        overrides["realtime_priority"] = int(realtime_priority)
+    if step_on_state is not None:  # else config/control.yaml's
+        overrides["step_on_state"] = bool(step_on_state)
     if abs(rate_hz - 100.0) > 1e-9 or (filter_rate_hz and abs(filter_rate_hz - 100.0) > 1e-9):
         # the shipped world model predicts 10 ms steps: at other rates the filter refuses to start
         # with it (require_model) and is benchmarked with its kinematic model instead
@@ -247,7 +253,8 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorder: Recorder, env: dict[str, str],
                workdir: Path, instrument: bool, startup_timeout: float = 90.0, filter_rate_hz: float | None = None,
-               code: Path | None = None, tag: str | None = None) -> dict[str, Any]:
+               code: Path | None = None, tag: str | None = None, realtime_priority: int = 0,
+               step_on_state: bool | None = None) -> dict[str, Any]:
     """Start the stack for one (mode, rate), measure for ``seconds`` after ``warmup``, stop it; return numbers.
 
     ``filter_rate_hz``: the safety filter at its own rate (default: ``rate_hz``); missed periods and
@@ -259,13 +266,14 @@ def run_config(mode: str, rate_hz: float, seconds: float, warmup: float, recorde
 
     filter_rate = filter_rate_hz or rate_hz
     period = 1.0 / filter_rate
-    specs, arm_rate = _specs_for(mode, rate_hz, filter_rate_hz)
+    specs, arm_rate = _specs_for(mode, rate_hz, filter_rate_hz, realtime_priority, step_on_state)
     env = mode_env(mode, env)
     if code is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     tag = tag or f"{mode}_{int(rate_hz)}"
     record = workdir / f"{tag}_filter.npy" if instrument else None
     res: dict[str, Any] = {"mode": mode, "rate_hz": rate_hz, "filter_rate_hz": filter_rate, "period_s": period,
+                           "realtime_priority": int(realtime_priority),
                            "arm_sim_rate_hz": arm_rate, "code": str(code) if code else "this tree",
                            "executor": EXECUTOR_CLASS[executor_kind(mode)],
                            EXECUTOR_ENV: env.get(EXECUTOR_ENV, "(unset: the shipped default)"),
@@ -430,7 +438,8 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
 
 def measure(mode: str, rate_hz: float, seconds: float, warmup: float, *, filter_rate_hz: float | None = None,
             trees: dict[str, Path | None], domain_id: int, logs: Path | None = None,
-            instrument: bool = True) -> dict[str, dict[str, Any]]:
+            instrument: bool = True, realtime_priority: int = 0,
+            step_on_state: bool | None = None) -> dict[str, dict[str, Any]]:
     """Run one configuration once per code tree (``{"ours": None, "baseline": DIR}``); return the results by name."""
     import rclpy
     from rclpy.context import Context
@@ -454,7 +463,8 @@ def measure(mode: str, rate_hz: float, seconds: float, warmup: float, *, filter_
                 print(f"bench e2e: {mode} at {rate_hz:g} Hz" + (f", filter at {filter_rate_hz:g} Hz" if filter_rate_hz else "")
                       + f", {name} ({code or 'this tree'}), {seconds:g} s after {warmup:g} s", file=sys.stderr, flush=True)
                 results[name] = run_config(mode, rate_hz, seconds, warmup, recorder, env, workdir, instrument,
-                                           filter_rate_hz=filter_rate_hz, code=code, tag=f"{name}_{mode}_{int(rate_hz)}")
+                                           filter_rate_hz=filter_rate_hz, code=code, tag=f"{name}_{mode}_{int(rate_hz)}",
+                                           realtime_priority=realtime_priority, step_on_state=step_on_state)
     finally:
         recorder.close()
         rclpy.shutdown(context=ctx)
@@ -465,7 +475,8 @@ def print_summary(doc: dict[str, Any], stream=sys.stdout) -> None:
     """The table of a ``robot-wm bench e2e`` document."""
     say = lambda s: print(s, file=stream)  # noqa: E731
     say(f"{doc['mode']} stack, policy and world model at {doc['rate_hz']:g} Hz, safety filter at "
-        f"{doc['filter_rate_hz']:g} Hz, {doc['seconds']:g} s measured")
+        f"{doc['filter_rate_hz']:g} Hz, {doc['seconds']:g} s measured"
+        + (f", arm and control processes at SCHED_FIFO {doc['realtime_priority']}" if doc["realtime_priority"] else ""))
     rows = [("commands/s", "commands_per_s", "{:.1f}"), ("missed periods", "missed_periods", "{}"),
             ("missed %", "missed_pct", "{:.3f}"), ("latency p50 ms (state stamp -> publish)", "latency_p50_ms", "{:.2f}"),
             ("latency p99 ms", "latency_p99_ms", "{:.2f}"), ("latency max ms", "latency_max_ms", "{:.2f}"),
@@ -499,6 +510,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--filter-rate", type=float, help="the safety filter's own rate, Hz (default: --rate)")
     parser.add_argument("--baseline", metavar="REF|DIR",
                         help="also run the node processes of this git revision (or directory) and print ratios")
+    parser.add_argument("--realtime-priority", type=int, default=0, metavar="PRIO",
+                        help="SCHED_FIFO priority of the arm and control processes (0: the normal scheduler)")
+    parser.add_argument("--step-on-state", choices=("true", "false"),
+                        help="the control nodes' step_on_state (default: config/control.yaml's)")
     parser.add_argument("--logs", type=Path, help="keep the node logs and filter records in this folder")
     parser.add_argument("--domain-id", type=int, default=150 + os.getpid() % 50, help="ROS domain of this run")
     parser.add_argument("--json", action="store_true", help="only the JSON document on stdout")
@@ -527,8 +542,10 @@ def command(args: argparse.Namespace) -> int:
                 print(f"bench e2e: {exc}", file=sys.stderr)
                 return 2
         raw = measure(mode, args.rate, args.seconds, args.warmup, filter_rate_hz=args.filter_rate, trees=trees,
-                      domain_id=args.domain_id, logs=args.logs)
+                      domain_id=args.domain_id, logs=args.logs, realtime_priority=args.realtime_priority,
+                      step_on_state=None if args.step_on_state is None else args.step_on_state == "true")
     doc: dict[str, Any] = {"benchmark": "e2e", "mode": mode, "rate_hz": args.rate,
+                           "realtime_priority": args.realtime_priority, "step_on_state": args.step_on_state,
                            "filter_rate_hz": args.filter_rate or args.rate, "seconds": args.seconds,
                            "loadavg": os.getloadavg(),
                            "targets": {"composed_100hz_missed": 0, "separate_missed_pct": 0.1, "latency_p99_ms": 2.0,

@@ -3,6 +3,13 @@
 What they share: ``autostart`` (configure + activate at start-up, so no lifecycle manager is
 needed), the latest joint state in the configured joint order with its receive time (a malformed
 message sets ``state_error`` until the next good one, is counted, and makes ``fresh_state`` None), and a control timer that activate starts and deactivate stops.
+
+With ``step_on_state`` the period follows the arm's own stream instead of a free-running timer:
+the control step runs as soon as a joint state arrives once a period (less a little slack for
+the stream's jitter) has passed since the last step, so the state it uses is as fresh as its
+delivery (a timer's phase against the arm's stream adds up to a joint-state interval, and a period
+of waiting when the two drift). The timer stays: when states stop arriving it runs the step
+after 1.25 periods, so a silent arm is still noticed (stale input: the filter stops it).
 """
 from __future__ import annotations
 
@@ -18,9 +25,11 @@ from sensor_msgs.msg import JointState
 
 from robot_wm.nodes.conversions import InputError, joint_state_arrays
 from robot_wm.nodes.params import declare
+from robot_wm.realtime import PRIORITY_RANGE
 
 _MAX_STAMP_LAG_S = 1.0  # lag beyond this is counted as this much (it is stale either way)
 _OFFSET_BLOCK = 500  # messages per block of the running minimum of receipt - stamp (1 s at 500 Hz)
+_STEP_SLACK_S = 0.001  # step_on_state: a state this much (at most 20 % of a period) early still starts the period
 
 
 #: QoS of the control inputs: reliable, keep only the newest message.
@@ -37,13 +46,21 @@ class ControlNode(LifecycleNode):
     #: then ``state`` / ``fresh_state`` stay empty and the messages are not parsed twice
     SUBSCRIBES_JOINT_STATES = True
 
-    def __init__(self, node_name: str, context: Context | None = None) -> None:
-        super().__init__(node_name, context=context)
+    def __init__(self, node_name: str, context: Context | None = None, **node_options) -> None:
+        super().__init__(node_name, context=context, **node_options)
         self.period_s = declare(self, "control_period_s", 0.01, "control period (s), 1 ms to 100 ms", range_=(0.001, 0.1), read_only=True)
         self.stale_s = declare(self, "stale_after_s", 0.05, "inputs older than this (s) are stale", range_=(0.001, 1.0), read_only=True)
         self.joint_names = list(declare(self, "joint_names", [""], "joint order of commands and states", read_only=True))
         self.joint_states_topic = declare(self, "joint_states_topic", "/joint_states", "sensor_msgs/JointState input", read_only=True)
         self.autostart = declare(self, "autostart", True, "configure and activate on start-up", read_only=True)
+        self.step_on_state = declare(
+            self, "step_on_state", False, "run the control step when a joint state arrives once a period has "
+            "passed (latency: delivery + compute), a timer only when states stop; false: on a free-running timer",
+            read_only=True)
+        self._last_step_s = -math.inf
+        self.realtime_priority = declare(
+            self, "realtime_priority", 0, "SCHED_FIFO priority of this node's process, 1..98 (0: the normal "
+            "scheduler; needs CAP_SYS_NICE or an rtprio limit, robot_wm.realtime)", range_=PRIORITY_RANGE, read_only=True)
         # last GOOD (time it was measured on time.monotonic(), q_rad, qdot_radps)
         self.state: tuple[float, np.ndarray, np.ndarray] | None = None
         self.state_error: str | None = None
@@ -55,7 +72,7 @@ class ControlNode(LifecycleNode):
         # depth 1: a node that falls behind skips straight to the newest state instead of working
         # through a queue of old ones (a loaded 2-core machine otherwise controls on 100 ms old states)
         if self.SUBSCRIBES_JOINT_STATES:
-            self.create_subscription(JointState, self.joint_states_topic, self._on_joint_state, LATEST_ONLY)
+            self.create_subscription(JointState, self.joint_states_topic, self._joint_state_arrived, LATEST_ONLY)
         if self.autostart:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
 
@@ -63,6 +80,22 @@ class ControlNode(LifecycleNode):
         self._autostart_timer.cancel()
         if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
             self.trigger_activate()
+
+    def _joint_state_arrived(self, msg: JointState) -> None:
+        self._on_joint_state(msg)
+        if self.step_on_state and self._control_timer is not None:
+            now = time.monotonic()
+            if now - self._last_step_s >= self.period_s - min(0.2 * self.period_s, _STEP_SLACK_S):
+                self._run_step(now)
+
+    def _on_control_timer(self) -> None:
+        now = time.monotonic()
+        if not self.step_on_state or now - self._last_step_s >= 1.25 * self.period_s:
+            self._run_step(now)
+
+    def _run_step(self, now: float) -> None:
+        self._last_step_s = now
+        self.control_step()
 
     def _on_joint_state(self, msg: JointState) -> None:
         try:
@@ -104,7 +137,8 @@ class ControlNode(LifecycleNode):
         return (q, qdot) if (now_s or time.monotonic()) - received_s <= self.stale_s else None
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
-        self._control_timer = self.create_timer(self.period_s, self.control_step)
+        self._last_step_s = -math.inf
+        self._control_timer = self.create_timer(self.period_s, self._on_control_timer)
         return super().on_activate(state)
 
     def on_deactivate(self, state: State) -> TransitionCallbackReturn:

@@ -25,6 +25,7 @@ from rclpy.experimental import EventsExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
+from robot_wm.realtime import apply_realtime
 from robot_wm.rosenv import apply_loopback_dds
 
 _POLL_S = 0.05  # how often the spin loop checks the stop flag (bounds shutdown latency)
@@ -76,6 +77,7 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
             node = factory(context)
             nodes.append(node)
             executor.add_node(node)
+        _realtime(nodes)
         while not stop.is_set() and context.ok():
             executor.spin_once(timeout_sec=_POLL_S)
     except NodeConfigError as exc:
@@ -100,6 +102,15 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
     return code
+
+
+def _realtime(nodes: list[Node]) -> None:
+    """SCHED_FIFO for the whole process when a node asks for it (``realtime_priority``, the highest wins)."""
+    priority = max((int(getattr(n, "realtime_priority", 0) or 0) for n in nodes), default=0)
+    if priority > 0 and nodes:
+        applied, text = apply_realtime(priority)
+        log = nodes[0].get_logger()
+        (log.info if applied else log.warning)(text)
 
 
 def main_for(node_cls: type[Node]) -> Callable[[list[str] | None], None]:
