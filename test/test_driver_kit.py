@@ -303,7 +303,8 @@ def test_the_example_driver_runs_the_demo_goals_through_the_whole_stack(spawn, r
         assert all(e.error_m < task.success_radius_m for e in episodes if e.success)
         # measured on the arm: the tool of the imaginary arm's own states came within the radius of every goal
         kin = Kinematics(description.expand(), JOINTS)
-        tool = np.array([kin.tool_position_m(s[1]) for s in list(client.states)[::10]])
+        # every state the client received (a client starved on a loaded machine receives fewer: none skipped here)
+        tool = np.array([kin.tool_position_m(s[1]) for s in list(client.states)])
         for goal in demo_goals:
             assert np.any(np.all(np.isclose(np.array(goals), goal), axis=1)), f"goal {goal} never published"
             assert np.linalg.norm(tool - goal, axis=1).min() < task.success_radius_m, goal
