@@ -108,8 +108,13 @@ class FinetuneReport:
 
 
 def finetune_world_model(model: WorldModel, train: Dataset, hold: Dataset, replay: Dataset | None, cfg: AdaptConfig,
-                         progress: bool = True) -> tuple[WorldModel, FinetuneReport]:
-    """Fine-tune a copy of ``model`` on ``train`` (+ ``replay``), early-stopped on ``hold`` (see the module docstring)."""
+                         progress: bool = True, on_batch=None) -> tuple[WorldModel, FinetuneReport]:
+    """Fine-tune a copy of ``model`` on ``train`` (+ ``replay``), early-stopped on ``hold`` (see the module docstring).
+
+    ``on_batch(busy_s) -> bool``: called after each batch with the seconds it took (the online
+    learner sleeps there to cap its CPU); False ends the training after this epoch's batch (a time
+    budget), keeping the best state so far.
+    """
     from tqdm import tqdm
 
     started = time.perf_counter()
@@ -143,9 +148,11 @@ def finetune_world_model(model: WorldModel, train: Dataset, hold: Dataset, repla
     best_state = copy.deepcopy(model.state_dict())
     stale = 0
     bar = tqdm(range(1, cfg.wm_epochs + 1), desc="adapt world model", unit="epoch", disable=not progress, file=sys.stderr)
+    out_of_time = False
     for epoch in bar:
         model.train()
         for _ in range(batches):
+            batch_started = time.perf_counter()
             idx = torch.randint(0, x_demo.shape[0], (m, n_demo_b), generator=gen)
             xb, yb = x_demo[idx], y_demo[idx]
             if n_rep_b:
@@ -157,6 +164,9 @@ def finetune_world_model(model: WorldModel, train: Dataset, hold: Dataset, repla
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if on_batch is not None and not on_batch(time.perf_counter() - batch_started):
+                out_of_time = True
+                break
         model.eval()
         nll = hold_nll()
         improved = nll < best
@@ -172,7 +182,7 @@ def finetune_world_model(model: WorldModel, train: Dataset, hold: Dataset, repla
         report.holdout_nll.append(float(nll.mean()))
         report.epochs_run = epoch
         bar.set_postfix(holdout_nll=f"{float(nll.mean()):.3f}")
-        if stale >= cfg.wm_patience:
+        if stale >= cfg.wm_patience or out_of_time:
             break
     bar.close()
     model.load_state_dict(best_state)

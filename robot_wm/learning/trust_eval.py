@@ -65,6 +65,9 @@ class Run:
     monitor_us: list[float] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, new level, reason)
     commands: list = field(default_factory=list)
+    #: RMS over the joints of (predicted - measured) qdot, rad/s, of the prediction made a period before (NaN: none)
+    velocity_error: np.ndarray | None = None
+    swaps: list[tuple[float, str]] = field(default_factory=list)  # (t, world model version) of on_period's swaps
 
 
 class RunRecorder:
@@ -101,7 +104,7 @@ class RunRecorder:
 def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration | None = None,
             config: TrustConfig | None = None, fault: tuple[str, float] | None = None,
             models_dir: Path | None = None, progress: bool = False, stack=None,
-            level_schedule=None) -> Run:
+            level_schedule=None, on_period=None) -> Run:
     """Run the embedded arm under the stack for ``seconds`` with the trust tracker watching.
 
     Args:
@@ -111,6 +114,10 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
         stack: a ``build_stack`` result to reuse (built when None).
         level_schedule: t -> TrustLevel to give the filter instead of the monitor's verdict (a
             calibration run that visits the reduced levels too).
+        on_period: ``(t_s, q, qdot, command) -> world model path | None``, called after each period
+            with what the world_model node pairs (the state and the command sent); a path returned
+            is swapped in between two periods, for the filter and the predictor, with their command
+            histories (the online learner's hot swap, ``robot_wm.learning.online``).
     """
     from tqdm import tqdm
 
@@ -151,6 +158,8 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     goal, goal_t, inside_t, reached_t, enabled = rng.uniform(box_lo, box_hi), 0.0, None, None, False
     intervened, last_level, effort_mean = None, None, None
     feed_filter = calibration is not None  # a recording run has no verdict to give the filter
+    run.velocity_error = np.full(n, np.nan)
+    last_pred = None
     fault_done = fault is None
     started = time.perf_counter()
     with tqdm(total=n, unit="period", desc=f"trust {profile}", file=sys.stderr, disable=not progress,
@@ -197,8 +206,19 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                 enabled = ctrl.reset()[0]
             command = np.asarray(res.u_safe_radps, dtype=float)
             run.commands.append(command)
+            if last_pred is not None:
+                run.velocity_error[k] = float(np.sqrt(np.mean((last_pred - qd) ** 2)))
             pred = wm.predict(q, qd, command)
+            last_pred = pred.next_qdot_radps
             tracker.prediction(t, pred.next_state, pred.epistemic_std, pred.aleatoric_std)
+            swap = on_period(t, q, qd, command) if on_period is not None else None
+            if swap is not None:  # the nodes' hot swap: new runners, the committed histories carried over
+                new_filt, new_wm = WorldModelRunner(swap, names, dt), WorldModelRunner(swap, names, dt, analytic=False)
+                new_filt.reset(filt_wm.action_history, filt_wm.qdot_history)
+                new_wm.reset(wm.action_history, wm.qdot_history)
+                filt_wm, wm = new_filt, new_wm
+                ctrl.model = filt_wm
+                run.swaps.append((t, wm.version))
             t_arr[k], level[k] = t, int(out.level)
             for key, v in tracker.raw.items():
                 if v is not None:
