@@ -43,6 +43,7 @@ class TrustTracker:
         if not (math.isfinite(dt_s) and dt_s > 0):
             raise ValueError(f"dt_s={dt_s!r}: expected a positive control period (s)")
         self.monitor = monitor
+        self.last_velocity_error: float | None = None  # of the latest measurement (None: no prediction for it)
         self.kin = kinematics
         self.dt_s = float(dt_s)
         cal_effort = monitor.calibration.effort_model
@@ -97,6 +98,7 @@ class TrustTracker:
         finite = math.isfinite(float(q.sum()) + float(qd.sum()))  # one check (an overflow counts as not finite)
         pred = self._prediction_for(t_s)
         pe = dis = eff = None
+        self.last_velocity_error: float | None = None  # RMS of predicted - measured qdot, rad/s (this period)
         if pred is not None and finite:
             _, mean, epi, ale = pred
             measured = np.concatenate([q, qd])
@@ -104,6 +106,8 @@ class TrustTracker:
                 pe = prediction_error(mean, epi, ale, measured)
                 n = len(qd)
                 dis = disagreement(epi[n:], ale[n:])
+                diff = mean[n:] - qd
+                self.last_velocity_error = math.sqrt(float(diff @ diff) / n)
         if intervened is not None and self.monitor.level != TrustLevel.FULL:
             intervened = False
         self._last_state = None
