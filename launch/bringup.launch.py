@@ -55,6 +55,7 @@ def _nodes(context):
     enable = LaunchConfiguration("enable").perform(context).lower() in ("true", "1", "yes")
     task = LaunchConfiguration("task").perform(context)
     trust = LaunchConfiguration("trust").perform(context).lower() in ("true", "1", "yes")
+    learn = LaunchConfiguration("learn").perform(context).lower() in ("true", "1", "yes")
     actions = [SetEnvironmentVariable(k, v) for k, v in rosenv.loopback_env({}).items()]
     overrides = {"profile": profile} if hardware == graph.EMBEDDED else {}
     overrides.update(graph.policy_overrides(task, "bringup"))
@@ -63,7 +64,7 @@ def _nodes(context):
         overrides["realtime_priority"] = realtime
     log = launch.logging.get_logger("robot_wm.bringup")
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
-                           enable=enable, task=task, trust=trust, installed=_installed, warn=log.warning):
+                           enable=enable, task=task, trust=trust, learn=learn, installed=_installed, warn=log.warning):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
         if inline:
@@ -110,6 +111,8 @@ def generate_launch_description():
                               description="the trust monitor judges the world model and feeds the filter's trust level"),
         DeclareLaunchArgument("task", default_value="reach",
                               description="reach (goal_sequencer) | track (path_sequencer); the policy's task"),
+        DeclareLaunchArgument("learn", default_value="false",
+                              description="run the online learner of the world model (robot_wm adaptation node)"),
         DeclareLaunchArgument("realtime_priority", default_value="0",
                               description="SCHED_FIFO priority 1..98 of the control and embedded-arm processes "
                                           "(0: the normal scheduler; needs CAP_SYS_NICE or an rtprio limit)"),

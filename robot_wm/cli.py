@@ -69,7 +69,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if args.realtime_priority:  # SCHED_FIFO for the arm and control processes (robot_wm.realtime)
         overrides["realtime_priority"] = args.realtime_priority
     specs = plan(args.hardware, overrides=overrides, composed=args.composed, enable=args.enable, task=args.task,
-                 trust=not args.no_trust)
+                 trust=not args.no_trust, learn=args.learn)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--realtime-priority", type=int, default=0, metavar="PRIO",
                    help="SCHED_FIFO priority 1..98 for the arm and control processes (0, default: the normal "
                         "scheduler); needs root, CAP_SYS_NICE or an rtprio limit, else a warning and normal scheduling")
+    p.add_argument("--learn", action="store_true",
+                   help="run the online learner: it adapts the world model to the arm while it runs and the nodes "
+                        "swap accepted models in (config/adaptation.yaml)")
     p.set_defaults(func=_cmd_up)
 
     p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")

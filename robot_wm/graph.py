@@ -20,6 +20,7 @@ EMBEDDED = "mujoco"
 KNOWN_HARDWARE = ("mock", "gazebo", "topic_based", "mujoco", "example")
 SAFETY_FILTER = "safety_filter"
 TRUST_MONITOR = "trust_monitor"
+LEARNER = "adaptation"
 POLICY = "policy"
 WORLD_MODEL = "world_model"
 TASKS = ("reach", "track")
@@ -157,6 +158,7 @@ def plan(
     enable: bool = False,
     task: str = "reach",
     trust: bool = True,
+    learn: bool = False,
     installed: Callable[[str], bool] | None = None,
     warn: Callable[[str], None] | None = None,
     fallbacks: bool | None = None,
@@ -172,6 +174,8 @@ def plan(
         stack: include the control stack (False: only the hardware side, e.g. for driving the arm directly).
         trust: include the trust monitor (False: the filter runs on its configured default trust level,
             e.g. to exercise the filter alone; the product graph has it).
+        learn: include the online learner of the world model (graph.yaml ``learner``; it adapts the
+            task's active model set in the registry and announces updates the nodes swap in).
         enable: let the safety filter release its start latch by itself (``enable_on_start``);
             allowed on the embedded and example arms only — on hardware an operator enables it.
         task: the task the stack runs ("reach": goal_sequencer, "track": path_sequencer; graph.yaml
@@ -210,6 +214,8 @@ def plan(
     if stack:
         entries += [(f"stack[{i}]", e) for i, e in enumerate(data["stack"] or [])]
         entries += [(f"tasks.{task}[{i}]", e) for i, e in enumerate((data.get("tasks") or {}).get(task) or [])]
+        if learn:
+            entries += [(f"learner[{i}]", e) for i, e in enumerate(data.get("learner") or [])]
     if not trust:
         entries = [(w, e) for w, e in entries if not (isinstance(e, dict) and e.get("name") == TRUST_MONITOR)]
     specs = []
@@ -228,7 +234,7 @@ def plan(
         if spec.name == TRUST_MONITOR:  # whether the arm is a simulator, the task whose normal operation it knows
             params["simulated_arm"] = hardware in SIMULATED_HARDWARE
             params["task"] = task
-        if spec.name in (WORLD_MODEL, SAFETY_FILTER):  # both load the task's active world model: the same file
+        if spec.name in (WORLD_MODEL, SAFETY_FILTER, LEARNER):  # the task's active world model: the same file
             params["task"] = task
         params.update(_ARM_STACK_PARAMETERS.get(hardware, {}).get(spec.name, {}))
         if spec.name == SAFETY_FILTER:

@@ -45,6 +45,8 @@ class ControlNode(LifecycleNode):
     #: False for a node that reads /joint_states its own way (every message, not only the latest):
     #: then ``state`` / ``fresh_state`` stay empty and the messages are not parsed twice
     SUBSCRIBES_JOINT_STATES = True
+    #: False for a node without a control period (activate starts no timer; control_step is never called)
+    CONTROL_TIMER = True
 
     def __init__(self, node_name: str, context: Context | None = None, **node_options) -> None:
         super().__init__(node_name, context=context, **node_options)
@@ -138,7 +140,8 @@ class ControlNode(LifecycleNode):
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
         self._last_step_s = -math.inf
-        self._control_timer = self.create_timer(self.period_s, self._on_control_timer)
+        if self.CONTROL_TIMER:
+            self._control_timer = self.create_timer(self.period_s, self._on_control_timer)
         return super().on_activate(state)
 
     def on_deactivate(self, state: State) -> TransitionCallbackReturn:

@@ -49,12 +49,14 @@ def make_executor(context: Context, kind: str | None = None) -> Executor:
 NodeFactory = Callable[[Context], Node]
 
 
-def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -> int:
+def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, executor_kind: str | None = None) -> int:
     """Create the nodes, spin them in one executor until SIGINT/SIGTERM, then tear down cleanly.
 
     Args:
         factories: callables taking the rclpy Context and returning a Node.
         args: command-line arguments (``--ros-args ...``); None uses sys.argv.
+        executor_kind: "events" or "single" for this process whatever $ROBOT_WM_EXECUTOR says (a node
+            whose callbacks take ``MessageInfo``: rclpy's EventsExecutor cannot hand it over).
     Returns:
         Process exit code: 0 on a clean stop, 2 on a configuration error.
     """
@@ -67,7 +69,7 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None) -
     nodes: list[Node] = []
     code = 0
     try:
-        executor = make_executor(context)
+        executor = make_executor(context, executor_kind)
     except NodeConfigError as exc:
         print(f"[robot_wm] configuration error: {exc}", file=sys.stderr)
         rclpy.shutdown(context=context)
@@ -113,10 +115,10 @@ def _realtime(nodes: list[Node]) -> None:
         (log.info if applied else log.warning)(text)
 
 
-def main_for(node_cls: type[Node]) -> Callable[[list[str] | None], None]:
-    """Return a ``main(args=None)`` entry point that runs ``node_cls`` alone."""
+def main_for(node_cls: type[Node], executor_kind: str | None = None) -> Callable[[list[str] | None], None]:
+    """Return a ``main(args=None)`` entry point that runs ``node_cls`` alone (``executor_kind``: see run_nodes)."""
 
     def main(args: list[str] | None = None) -> None:
-        sys.exit(run_nodes([lambda ctx: node_cls(context=ctx)], args))
+        sys.exit(run_nodes([lambda ctx: node_cls(context=ctx)], args, executor_kind))
 
     return main

@@ -97,6 +97,7 @@ class SafetyFilterNode(ControlNode):
                                   read_only=True)
         self.task = declare(self, "task", "reach", "the task whose active model set gives the default world model "
                             "(reach, track; robot_wm.graph.plan sets it, as for the world_model node)", read_only=True)
+        self._swap = None  # WorldModelSwap once configured from the registry (online updates, rollbacks)
         require_model = declare(self, "require_model", True, "a missing or implausible world model is a fault (else: kinematic model)", read_only=True)
         latch_stale = declare(self, "latch_stale", False, "stale inputs latch like malformed ones (else: stop while stale)", read_only=True)
         level = declare(self, "default_trust_level", 3, "trust level before the first TrustState (TrustState LEVEL_*; 3 = STOP)", range_=(0, 4), read_only=True)
@@ -230,6 +231,10 @@ class SafetyFilterNode(ControlNode):
             path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
             runner = WorldModelRunner(path, self.joint_names, self.period_s)
             self.get_logger().info(f"world model {runner.version} loaded from {path}; linearized by {runner.linearization}")
+            if not self.model_path and self._swap is None:  # registry-managed: updates are swapped in between periods
+                from robot_wm.nodes.model_swap import WorldModelSwap
+
+                self._swap = WorldModelSwap(self, self.task, self.joint_names, self.period_s, analytic=True)
         except (ModelError, ValueError, OSError) as exc:
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
             self.get_logger().error(f"world model unavailable ({exc}); "
@@ -357,6 +362,10 @@ class SafetyFilterNode(ControlNode):
     def control_step(self) -> None:
         """One period: run the controller and publish the hardware command and the status."""
         start_ns = time.time_ns() if self.period_hook is not None else 0
+        if self._swap is not None and self.controller.model is not None:  # loaded off this thread: swapped between periods
+            swapped = self._swap.take(self.controller.model)
+            if swapped is not None:
+                self.controller.model = swapped
         try:
             out = self.controller.step(time.monotonic(), joint=self._joint_sample(), nominal=self._nominal,
                                        wrench=self._wrench, trust=self._trust)

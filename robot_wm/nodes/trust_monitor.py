@@ -46,6 +46,7 @@ from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, stamp_to_s
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
+from robot_wm.nodes.trust_swap import RollbackGuard, calibration_for, declare_rollback
 
 _FILTERING = 1  # SafetyStatus.STATE_FILTERING
 _STATUS_FRESH_S = 0.1  # a safety status older than this says nothing about this period
@@ -107,6 +108,8 @@ class TrustMonitorNode(ControlNode):
                 self.params[f"phase_{step}_{key}"] = declare(self, f"phase_{step}_{key}", getattr(crit, key),
                                                              "promotion criterion (config/trust.yaml)", read_only=True)
         self.phases = None  # robot_wm.core.trust.phase.PhaseMachine (configured)
+        self._rollback_config = declare_rollback(self)
+        self._rollback = None  # trust_swap.RollbackGuard (configured)
         self._intervention = False
         self._episodes = self._episodes_ignored = 0
         self._anomalies_seen = 0
@@ -131,6 +134,7 @@ class TrustMonitorNode(ControlNode):
         self.callback_errors = 0
         self._trust_pub = self._diag_pub = None
         self.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._guard(self._on_prediction), 10)
+        self.create_subscription(WorldModelPrediction, "/robot_wm/prediction_shadow", self._guard(self._on_shadow), 10)
         self.create_subscription(SafetyStatus, "/robot_wm/safety_status", self._guard(self._on_status), 10)
         self.create_subscription(JointState, self.joint_states_topic, self._guard(self._on_joint_state_full),
                                  QoSProfile(depth=20, reliability=ReliabilityPolicy.RELIABLE))
@@ -187,6 +191,8 @@ class TrustMonitorNode(ControlNode):
                 path, registry_problem = "", f"no usable trust calibration: {exc}"
         self._config, self._kin, self._path = config, kin, path
         self._request_pub = self.create_publisher(InterventionRequest, "/robot_wm/intervention/requests", 10)
+        if self._rollback is None and not (self.calibration_file or self.calibrate_s > 0):  # registry-managed models
+            self._rollback = RollbackGuard(self, self.task, self._rollback_config[0], self.dt_s, self._rollback_config[1])
         from robot_wm.core.trust.phase import PhaseFileError, PhaseMachine, PhaseStore
         from robot_wm.core.trust.settings import phase_config_from_params
         from robot_wm.paths import state_dir
@@ -281,7 +287,7 @@ class TrustMonitorNode(ControlNode):
             self.phases.save()
         if self._recording is not None:
             self.calibration = type(self.calibration)(self.calibration.thresholds, 0.5, msg.model_version, "recording", 0)
-        if msg.model_version != self.calibration.model_version:
+        if msg.model_version != self.calibration.model_version and not self._swap_calibration(msg.model_version):
             self.problem = (f"trust calibration is for world model {self.calibration.model_version!r}, the running "
                             f"one is {msg.model_version!r}: run `robot-wm trust calibrate` again")
             return
@@ -290,6 +296,25 @@ class TrustMonitorNode(ControlNode):
         mean = np.concatenate(arrays[:2])
         self.tracker.prediction(stamp_to_s(msg.header.stamp), mean, np.concatenate(arrays[2:4]),
                                 np.concatenate(arrays[4:6]))
+
+    def _on_shadow(self, msg: WorldModelPrediction) -> None:
+        """The replaced world model's prediction for the same period (after a swap): the rollback's reference."""
+        if self._rollback is not None and len(msg.velocity_radps) == len(self.joint_names):
+            self._rollback.shadow.add(stamp_to_s(msg.header.stamp), msg.model_version, list(msg.velocity_radps))
+
+    def _swap_calibration(self, version: str) -> bool:
+        """A new world model (online update, rollback): its set's calibration from the registry, if it has one."""
+        if self.calibration_file or self._recording is not None or self.tracker is None:
+            return False
+        from robot_wm.core.trust.settings import config_from_params
+
+        cal, where = calibration_for(self.task, self.profile, version)
+        if cal is None:
+            return False
+        self.calibration = _with_floors(cal, config_from_params(self.params)[1].floor_map())
+        self.tracker.monitor.set_calibration(self.calibration)
+        self.get_logger().warning(f"world model {version}: trust calibration {where} ({cal.source})")
+        return True
 
     def _on_status(self, msg: SafetyStatus) -> None:
         self._status = (time.monotonic(), int(msg.state))
@@ -458,6 +483,8 @@ class TrustMonitorNode(ControlNode):
                 self.phases.phase == 1 and mon.anomalies != self._demoted_at_anomaly)
         started, cpu = time.perf_counter(), time.thread_time()
         self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
+        if self._rollback is not None:  # a swapped-in world model that does worse on the arm is rolled back
+            self._rollback.update(sample[0], self._model_version, self.tracker.last_velocity_error, sample[2])
         # the monitor's own work per period: CPU time of this thread (what the period costs the machine),
         # and wall time (with whatever preempted it on a loaded machine)
         self._compute_us.append(((time.thread_time() - cpu) * 1e6, (time.perf_counter() - started) * 1e6))

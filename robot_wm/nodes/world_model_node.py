@@ -44,6 +44,12 @@ class WorldModelNode(ControlNode):
                                   read_only=True)
         self.task = declare(self, "task", "reach", "the task whose active model set gives the default world model "
                             "(reach, track; robot_wm.graph.plan sets it, as for the safety filter)", read_only=True)
+        self._swap = None  # WorldModelSwap once configured from the registry
+        self.shadow_s = declare(self, "shadow_s", 60.0, "after a swap, the replaced model also predicts for this long "
+                                "(s) on /robot_wm/prediction_shadow: the trust monitor's reference for a rollback "
+                                "(0: off)", range_=(0.0, 3600.0), read_only=True)
+        self._shadow = None  # (the replaced runner, until when it predicts on /robot_wm/prediction_shadow)
+        self._shadow_pub = None
         self.forecast_steps = declare(self, "forecast_steps", 0, "periods of the tool-path forecast marker (0: off)", range_=(0, 200), read_only=True)
         self.forecast_period_s = 1.0 / declare(self, "forecast_rate_hz", 10.0, "forecast markers per second at most",
                                                 range_=(0.1, 1000.0), read_only=True)
@@ -77,6 +83,11 @@ class WorldModelNode(ControlNode):
         except (ModelError, ValueError, OSError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
+        if not self.model_path and self._swap is None:  # registry-managed: online updates and rollbacks swap it
+            from robot_wm.nodes.model_swap import WorldModelSwap
+
+            self._swap = WorldModelSwap(self, self.task, self.joint_names, load_task().control_dt_s, analytic=False)
+            self._shadow_pub = self.create_publisher(WorldModelPrediction, "/robot_wm/prediction_shadow", 10)
         self._pred_pub = self.create_lifecycle_publisher(WorldModelPrediction, "/robot_wm/prediction", 10)
         if self.forecast_steps:
             self._marker_pub = self.create_lifecycle_publisher(Marker, "/robot_wm/prediction_marker", 10)
@@ -107,6 +118,12 @@ class WorldModelNode(ControlNode):
         if state is None or self.runner is None:
             return
         q, qdot = state
+        if self._swap is not None:  # a world model loaded off this thread comes in between two predictions
+            swapped = self._swap.take(self.runner)
+            if swapped is not None:
+                if self.shadow_s > 0:  # the replaced model predicts beside it for a while: the rollback's reference
+                    self._shadow = (self.runner, time.monotonic() + self.shadow_s)
+                self.runner = swapped
         pred = self.runner.predict(q, qdot, command)
         msg = WorldModelPrediction(joint_names=self.joint_names, model_version=self.runner.version, horizon_steps=1,
                                    dt_s=float(self.period_s))
@@ -124,8 +141,28 @@ class WorldModelNode(ControlNode):
         msg.velocity_std_epistemic_radps = pred.epistemic_std[qdot_block].tolist()
         msg.velocity_std_aleatoric_radps = pred.aleatoric_std[qdot_block].tolist()
         self._pred_pub.publish(msg)
+        if self._shadow is not None:
+            self._predict_shadow(q, qdot, command, msg.header.stamp)
         if self._forecast_due():
             self._publish_forecast(q, pred.next_q_rad, pred.next_qdot_radps, command, msg.header.stamp)
+
+    def _predict_shadow(self, q: np.ndarray, qdot: np.ndarray, command: np.ndarray, stamp) -> None:
+        """The replaced world model's prediction of the same period, while its shadow time lasts."""
+        runner, until = self._shadow
+        if time.monotonic() > until:
+            self._shadow = None
+            return
+        try:
+            pred = runner.predict(q, qdot, command)
+        except Exception as exc:  # noqa: BLE001 (the shadow is advice: it ends, the node goes on)
+            self.get_logger().warning(f"shadow prediction of {runner.version} ended: {exc}")
+            self._shadow = None
+            return
+        msg = WorldModelPrediction(joint_names=self.joint_names, model_version=runner.version, horizon_steps=1,
+                                   dt_s=float(self.period_s), position_rad=pred.next_q_rad.tolist(),
+                                   velocity_radps=pred.next_qdot_radps.tolist())
+        msg.header.stamp = stamp
+        self._shadow_pub.publish(msg)
 
     def _forecast_due(self) -> bool:
         if self._marker_pub is None:

@@ -1,0 +1,99 @@
+"""Hot swap of the world model in a running node: load off the control thread, swap between two periods.
+
+``WorldModelSwap`` listens on ``/robot_wm/model_update`` (``robot_wm/msg/ModelUpdate``). An update for
+this node's task that activates a set (the online learner's "activate", the trust monitor's or an
+operator's "rollback") is loaded in a thread of its own: the file must be the registry's active
+world model of the task (an announcement that is not, or comes late, is ignored), its SHA-256 the
+announced one, and it must load as a world model of this arm and period (``WorldModelRunner``:
+sidecar, hash, joint order, signature; the filter's runner also builds and checks its linearization).
+The control thread then calls ``take`` at the start of a period: the new runner, with the committed
+command history of the one it replaces, or None. Loading never happens on the control thread, and
+nothing is swapped half-way through a period. A model that fails to load is refused with the reason
+(logged; ``last_refusal``) and the current one stays.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+SWAP_ACTIONS = ("activate", "rollback")
+UPDATE_TOPIC = "/robot_wm/model_update"
+
+
+class WorldModelSwap:
+    """The world-model hot swap of one node (see the module docstring).
+
+    Args:
+        node: the node (logging, the subscription).
+        task: its task; updates for another are ignored.
+        joint_names, dt_s: what the new runner must fit.
+        analytic: build the linearization graph (the safety filter) or not (predict only).
+    """
+
+    def __init__(self, node: Node, task: str, joint_names, dt_s: float, *, analytic: bool) -> None:
+        from robot_wm.msg import ModelUpdate
+
+        self.node, self.task = node, task
+        self.joint_names, self.dt_s, self.analytic = list(joint_names), float(dt_s), analytic
+        self._lock = threading.Lock()
+        self._pending = None  # (runner, update message)
+        self._loading: threading.Thread | None = None
+        self.last_refusal = ""
+        self.swaps = 0
+        node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update,
+                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+
+    def _on_update(self, msg) -> None:
+        if msg.task != self.task or msg.model_kind != "world_model" or msg.action not in SWAP_ACTIONS \
+                or not msg.accepted:
+            return
+        if self._loading is not None and self._loading.is_alive():
+            self.node.get_logger().warning(f"model update {msg.set_version}: still loading the previous one; "
+                                           "this one is loaded after it")
+            self._loading.join()
+        self._loading = threading.Thread(target=self._load, args=(msg,), name="world_model_swap", daemon=True)
+        self._loading.start()
+
+    def _load(self, msg) -> None:
+        from robot_wm.core.onnx_model import sha256_file
+        from robot_wm.core.world_model_runner import WorldModelRunner
+        from robot_wm.registry import resolve
+
+        try:
+            path = Path(msg.path)
+            active = Path(resolve(self.task, "world_model"))
+            if path.resolve() != active.resolve():
+                raise ValueError(f"{path} is not the registry's active {self.task} world model ({active}): "
+                                 "a late or stale announcement")
+            if msg.sha256 and sha256_file(path) != msg.sha256:
+                raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
+            runner = WorldModelRunner(path, self.joint_names, self.dt_s, analytic=self.analytic)
+        except Exception as exc:  # noqa: BLE001 (anything that fails to load is refused, never raised)
+            self.last_refusal = f"model update {msg.set_version} ({msg.action}) refused: {type(exc).__name__}: {exc}"
+            self.node.get_logger().error(f"{self.last_refusal}; keeping the current world model")
+            return
+        with self._lock:
+            self._pending = (runner, msg)
+        self.node.get_logger().info(f"world model {runner.version} ({msg.action} {msg.set_version}) loaded "
+                                    + (f"(linearized by {runner.linearization}) " if self.analytic else "")
+                                    + "off the control thread: swapped in at the next period")
+
+    def take(self, current):
+        """At the start of a period: the loaded runner, carrying ``current``'s command history, or None."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            runner, msg = self._pending
+            self._pending = None
+        if current is not None:
+            try:
+                runner.reset(current.action_history, current.qdot_history)
+            except Exception as exc:  # noqa: BLE001 (another history length: the new model starts from rest)
+                self.node.get_logger().warning(f"world model swap: history not carried over ({exc})")
+        self.swaps += 1
+        self.node.get_logger().warning(f"world model swapped: {getattr(current, 'version', None)} -> {runner.version} "
+                                       f"({msg.action}: {msg.reason})")
+        return runner
