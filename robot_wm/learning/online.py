@@ -85,10 +85,15 @@ class LearnerConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name in (
                     "reservoir_windows", "replay_transitions", "seed") else 1):
                 raise ValueError(f"online.{name}={value!r}: expected a non-negative integer")
-        for name in ("real_share", "reservoir_share", "min_improvement", "min_nll_gain", "max_sim_regression"):
+        for name in ("real_share", "reservoir_share", "max_sim_regression"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"online.{name}={value!r}: expected a number in [0, 1]")
+        # the margins may be negative (accept a candidate a little worse there), never absurd
+        if isinstance(self.min_improvement, bool) or not -1.0 <= float(self.min_improvement) < 1.0:
+            raise ValueError(f"online.min_improvement={self.min_improvement!r}: expected a share in [-1, 1)")
+        if isinstance(self.min_nll_gain, bool) or not math.isfinite(float(self.min_nll_gain)):
+            raise ValueError(f"online.min_nll_gain={self.min_nll_gain!r}: expected a finite number of nats")
         lo, hi = self.coverage_band
         if not 0.0 < lo < hi <= 1.0:
             raise ValueError(f"online.coverage_band={self.coverage_band!r}: expected 0 < low < high <= 1")
@@ -131,7 +136,10 @@ class RealBuffer:
     def add(self, t_s: float, q_rad, qdot_radps, command_radps) -> bool:
         """Append one period's sample (the newest joint state and the command sent). Returns False
         (nothing stored) for a non-finite or misshapen sample or one not later than the previous."""
-        row = np.array([q_rad, qdot_radps, command_radps], dtype=float)
+        try:
+            row = np.array([q_rad, qdot_radps, command_radps], dtype=float)
+        except (TypeError, ValueError):  # ragged or not numbers
+            return False
         if row.shape != (3, self.n) or not np.isfinite(row).all() or not math.isfinite(t_s):
             return False
         if self._last_t is not None and t_s <= self._last_t:
@@ -400,7 +408,6 @@ class OnlineLearner:
         from robot_wm.core.world_model_runner import WorldModelRunner
         from robot_wm.learning.adapt import AdaptConfig, finetune_world_model
         from robot_wm.learning.onnx_import import world_model_from_onnx
-        from robot_wm.learning.world_model import export_world_model
 
         started, cpu0 = time.time(), time.process_time()
         att = Attempt(started)
@@ -450,7 +457,10 @@ class OnlineLearner:
             att.data["epochs"] = report.epochs_run
             work = Path(tempfile.mkdtemp(prefix="robot_wm_online_", dir=out_root))
             try:
-                set_dir = self._export_set(model, active, work, export_world_model, att)
+                parent = json.loads(active.world_model_path.with_suffix(".json").read_text())["version"]
+                set_dir = export_candidate_set(
+                    model, active, work / "set",
+                    f"wm-online-{parent.split('-')[-1][:8]}-{len(self.attempts) + 1}-{{onnx_sha8}}", {"online": att.data})
                 candidate = WorldModelRunner(set_dir / "world_model.onnx", self.names, self.dt_s, analytic=False)
                 current = WorldModelRunner(active.world_model_path, self.names, self.dt_s, analytic=False)
                 parity = _parity(model, candidate)
@@ -487,39 +497,41 @@ class OnlineLearner:
         pick = np.random.default_rng(self.cfg.seed + len(self.attempts)).choice(len(res), k, replace=False)
         return _dataset(np.stack([res[i] for i in pick]), self.dt_s, self.names, self.kin, "real_reservoir")
 
-    def _export_set(self, model, active, work: Path, export_world_model, att: Attempt) -> Path:
-        """The candidate set: its world model, the active set's policy, the calibrations re-issued."""
-        set_dir = work / "set"
-        set_dir.mkdir()
-        parent_side = json.loads(active.world_model_path.with_suffix(".json").read_text())
-        n = len(self.attempts) + 1
-        path = export_world_model(
-            model, set_dir / "world_model.onnx", dataset_sha256=f"{parent_side.get('training_data_sha256', '')}",
-            metrics={"online": att.data},
-            version=f"wm-online-{parent_side['version'].split('-')[-1][:8]}-{n}-{{onnx_sha8}}",
-            training_command="online adaptation (robot_wm adaptation node)")
-        side = json.loads(path.with_suffix(".json").read_text())
-        side["lineage"] = {"parent_version": parent_side["version"], "online": att.data}
-        path.with_suffix(".json").write_text(json.dumps(side, indent=2) + "\n")
-        for name in ("policy.onnx", "policy.json"):
-            shutil.copyfile(active.path / name, set_dir / name)
-        version = side["version"]
-        for cal in active.calibrations:
-            doc = json.loads(active.calibration_path(cal).read_text())
-            doc["source"] = (f"inherited from {doc.get('model_version')} ({doc.get('source')}) by online adaptation: "
-                             "the candidate passed the gate with calibrated intervals, so the normalized signals' "
-                             "thresholds carry over")
-            doc["model_version"] = version
-            (set_dir / "trust").mkdir(exist_ok=True)
-            (set_dir / "trust" / f"{cal}.json").write_text(json.dumps(doc, indent=2) + "\n")
-        return set_dir
-
     def _log(self, att: Attempt) -> None:
         if self.log_path is None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as fh:
             fh.write(json.dumps(att.as_json(), default=float) + "\n")
+
+
+def export_candidate_set(model, active, set_dir: Path, version: str, lineage: dict[str, Any]) -> Path:
+    """A model set to register: ``model`` (a torch ``WorldModel``) exported as its world model (``version``
+    may hold ``{onnx_sha8}``), the ``active`` set's policy, and the active set's trust calibrations
+    re-issued for the new world model (the gate requires calibrated intervals: the thresholds of the
+    normalized signals carry over). Returns ``set_dir``."""
+    from robot_wm.learning.world_model import export_world_model
+
+    set_dir = Path(set_dir)
+    set_dir.mkdir(parents=True)
+    parent = json.loads(active.world_model_path.with_suffix(".json").read_text())
+    path = export_world_model(model, set_dir / "world_model.onnx",
+                              dataset_sha256=str(parent.get("training_data_sha256", "")), metrics=lineage,
+                              version=version, training_command="online adaptation (robot_wm adaptation node)")
+    side = json.loads(path.with_suffix(".json").read_text())
+    side["lineage"] = {"parent_version": parent["version"], **lineage}
+    path.with_suffix(".json").write_text(json.dumps(side, indent=2) + "\n")
+    for name in ("policy.onnx", "policy.json"):
+        shutil.copyfile(active.path / name, set_dir / name)
+    for cal in active.calibrations:
+        doc = json.loads(active.calibration_path(cal).read_text())
+        doc["source"] = (f"inherited from {doc.get('model_version')} ({doc.get('source')}) by online adaptation: the "
+                         "candidate passed the gate with calibrated intervals, so the normalized signals' thresholds "
+                         "carry over")
+        doc["model_version"] = side["version"]
+        (set_dir / "trust").mkdir(exist_ok=True)
+        (set_dir / "trust" / f"{cal}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return set_dir
 
 
 def _parity(model, runner) -> float:

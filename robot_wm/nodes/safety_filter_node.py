@@ -425,7 +425,12 @@ class SafetyFilterNode(ControlNode):
                 status.level, status.message = DiagnosticStatus.WARN, "not configured"
             else:
                 status.level, status.message = _DIAG_LEVEL[ctrl.state], ctrl.state.name
-                status.values = [KeyValue(key=k, value=str(v)) for k, v in ctrl.summary().items()]
+                values = ctrl.summary()
+                values["world_model"] = str(getattr(ctrl.model, "version", "none (kinematic model)"))
+                values["world_model_swaps"] = str(self._swap.swaps if self._swap is not None else 0)
+                if self._swap is not None and self._swap.last_refusal:
+                    values["world_model_refused"] = self._swap.last_refusal
+                status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
             msg = DiagnosticArray(status=[status])
             msg.header.stamp = self.get_clock().now().to_msg()
             self._diag_pub.publish(msg)

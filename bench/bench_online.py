@@ -1,0 +1,394 @@
+"""Benchmark of online adaptation (issue #11): a dynamics jump on the running arm, and how soon the world
+model's prediction error comes back.
+
+The graph of ``robot-wm up --composed --enable --learn`` on the embedded arm (a ROS domain, a state
+directory and a model registry of this run's own; ``--realtime-priority`` as for ``robot-wm up``)
+runs the reaching task for ``--before`` seconds (the learner already adapts the shipped model to the
+arm's profile), then the fault injector adds ``--payload-kg`` at the tool for good, and the run goes
+on for ``--after`` seconds. An observer in this process pairs every prediction on
+``/robot_wm/prediction`` (made from the state stamped t, for t + one period) with the joint state
+stamped then: the one-step velocity error, RMS over the joints (rad/s), of the model that was running.
+
+Reported (a table, a PNG, and ONE JSON object on the last line):
+
+* the error level before the jump (median of the last 20 s before it) and its 5 s rolling median
+  over time, with every swap (activate / rollback) and the jump;
+* time from the jump until the rolling median is back within ``--recovery-factor`` (1.2) x the level
+  before the jump (target: 60 s, aim 30 s);
+* missed control periods (command intervals > 1.5 periods, by the commands' DDS source times)
+  within 1 s of each swap, and elsewhere;
+* the learner's attempts (accepted, rejected, time and CPU per attempt), its process's CPU (% of a
+  core) and memory (RSS, PSS);
+* the reaching task's goals reached before and after the jump (from the goal sequencer's episodes).
+
+Usage: python bench/bench_online.py [--profile real_twin] [--before 60] [--after 120] [--payload-kg 2.5]
+       [--realtime-priority 50] [--kill-learner-at S] [--out out/bench_online] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PERIOD_S = 0.01
+
+
+class Observer:
+    """Predictions, joint states, commands, model updates, the learner's diagnostics and the episodes."""
+
+    def __init__(self, context) -> None:
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.node import Node
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Float64MultiArray
+
+        from robot_wm.msg import EpisodeResult, ModelUpdate, WorldModelPrediction
+        from robot_wm.srv import InjectFault
+
+        self.node = Node("bench_online_observer", context=context)
+        qos = QoSProfile(depth=500, reliability=ReliabilityPolicy.RELIABLE)
+        self.lock = threading.Lock()
+        self.predictions: list[tuple[int, str, np.ndarray]] = []  # (state stamp ns, version, predicted qdot)
+        self.states: dict[int, np.ndarray] = {}  # stamp ns -> qdot
+        self.state_stamps: list[int] = []
+        self.commands: list[int] = []  # DDS source times, ns
+        self.updates: list[tuple[float, Any]] = []  # (wall time, ModelUpdate)
+        self.episodes: list[tuple[float, bool]] = []
+        self.learner: dict[str, str] = {}
+        self.moving = False
+        n = self.node
+        n.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._on_prediction, qos)
+        n.create_subscription(JointState, "/joint_states", self._on_state, qos)
+        n.create_subscription(Float64MultiArray, "/forward_velocity_controller/commands", self._on_command, qos)
+        n.create_subscription(ModelUpdate, "/robot_wm/model_update", lambda m: self.updates.append((time.time(), m)), qos)
+        n.create_subscription(EpisodeResult, "/robot_wm/episodes", lambda m: self.episodes.append((time.time(), m.success)),
+                              qos)
+        n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, qos)
+        self.inject = n.create_client(InjectFault, "/arm_sim/inject_fault")
+        from std_srvs.srv import Trigger
+
+        self.triggers = {name: n.create_client(Trigger, name)
+                         for name in ("/robot_wm/estop", "/safety_filter/tare", "/robot_wm/reset_estop")}
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(n)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def _on_prediction(self, msg) -> None:
+        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        with self.lock:
+            self.predictions.append((stamp, msg.model_version, np.array(msg.velocity_radps)))
+
+    def _on_state(self, msg) -> None:
+        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        with self.lock:
+            self.states[stamp] = np.array(msg.velocity)
+            self.state_stamps.append(stamp)
+
+    def _on_command(self, msg, info) -> None:
+        with self.lock:
+            self.commands.append(info["source_timestamp"])
+            self.moving = self.moving or any(msg.data)
+
+    def _on_diag(self, msg) -> None:
+        for status in msg.status:
+            if status.name.endswith("online learner"):
+                self.learner = {kv.key: kv.value for kv in status.values}
+
+    def fault(self, kind: str, size: float) -> str:
+        """Inject a lasting fault: ``payload`` (size: kg at the tool) or ``latency`` (size: s of command delay)."""
+        from robot_wm.srv import InjectFault
+
+        if not self.inject.wait_for_service(timeout_sec=10.0):
+            return "no /arm_sim/inject_fault service"
+        request = InjectFault.Request(kind=kind, duration_s=0.0)
+        if kind == "payload":
+            request.payload_kg = float(size)
+        else:
+            request.latency_s = float(size)
+        future = self.inject.call_async(request)
+        deadline = time.monotonic() + 10.0
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return future.result().message if future.done() else "no answer"
+
+    def call(self, name: str) -> tuple[bool, str]:
+        """Call a Trigger service (the operator's commands)."""
+        from std_srvs.srv import Trigger
+
+        client = self.triggers[name]
+        if not client.wait_for_service(timeout_sec=5.0):
+            return False, f"no {name}"
+        future = client.call_async(Trigger.Request())
+        deadline = time.monotonic() + 5.0
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return (future.result().success, future.result().message) if future.done() else (False, "no answer")
+
+    def retare(self, timeout_s: float = 20.0) -> str:
+        """What an operator does after a payload change: e-stop, re-tare the F/T sensor at rest, reset."""
+        steps = [f"estop: {self.call('/robot_wm/estop')[1]}", f"tare: {self.call('/safety_filter/tare')[1]}"]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            ok, text = self.call("/robot_wm/reset_estop")
+            if ok:
+                return "; ".join(steps + [f"reset: {text}"])
+        return "; ".join(steps + [f"reset refused until the end: {text}"])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self.executor.remove_node(self.node)
+        self.node.destroy_node()
+
+    def errors(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(t_s of the state each prediction was for, RMS velocity error, model version) of every matched prediction."""
+        with self.lock:
+            stamps = np.array(sorted(self.state_stamps), dtype=np.int64)
+            preds = list(self.predictions)
+            states = dict(self.states)
+        t, err, ver = [], [], []
+        for made_ns, version, qd_pred in preds:
+            target = made_ns + int(PERIOD_S * 1e9)
+            i = np.searchsorted(stamps, target)
+            best = min((j for j in (i - 1, i) if 0 <= j < len(stamps)), key=lambda j: abs(stamps[j] - target),
+                       default=None)
+            if best is None or abs(stamps[best] - target) > 1_000_000:  # within 1 ms of one period later
+                continue
+            measured = states[stamps[best]]
+            if measured.shape != qd_pred.shape:
+                continue
+            t.append(stamps[best] * 1e-9)
+            err.append(float(np.sqrt(np.mean((qd_pred - measured) ** 2))))
+            ver.append(version)
+        order = np.argsort(t)
+        return np.asarray(t)[order], np.asarray(err)[order], [ver[i] for i in order]
+
+
+def rolling_median(t: np.ndarray, x: np.ndarray, window_s: float, step_s: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Median of ``x`` over the last ``window_s`` at every ``step_s``."""
+    if len(t) == 0:
+        return np.array([]), np.array([])
+    grid = np.arange(t[0] + window_s, t[-1] + step_s, step_s)
+    med = np.array([np.median(x[(t > g - window_s) & (t <= g)]) if np.any((t > g - window_s) & (t <= g)) else math.nan
+                    for g in grid])
+    return grid, med
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.signals import SignalHandlerOptions
+
+    from robot_wm.benchmarks.e2e import _cpu_s, memory_of
+    from robot_wm.graph import plan
+    from robot_wm.process_group import ProcessGroup
+    from robot_wm.rosenv import apply_loopback_dds, loopback_env
+
+    domain = 120 + os.getpid() % 30
+    apply_loopback_dds(domain_id=domain)
+    state = Path(tempfile.mkdtemp(prefix="robot_wm_bench_online_"))
+    env = loopback_env(domain_id=domain)
+    env.update(PYTHONUNBUFFERED="1", ROBOT_WM_STATE_DIR=str(state), ROBOT_WM_MODELS_DIR=str(state / "models"))
+    os.environ["ROBOT_WM_MODELS_DIR"] = env["ROBOT_WM_MODELS_DIR"]
+    overrides: dict[str, Any] = {"profile": args.profile}
+    if args.realtime_priority:
+        overrides["realtime_priority"] = args.realtime_priority
+    specs = plan("mujoco", overrides=overrides, composed=True, enable=True, learn=True)
+    ctx = Context()
+    rclpy.init(context=ctx, signal_handler_options=SignalHandlerOptions.NO)
+    obs = Observer(ctx)
+    logs = Path(args.out) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    group = ProcessGroup(specs, env)
+    jump = f"+{args.payload_kg:g} kg payload" if args.fault == "payload" else f"+{args.latency_s * 1e3:g} ms command latency"
+    doc: dict[str, Any] = {"benchmark": "online", "profile": args.profile, "jump": jump, "payload_kg": args.payload_kg,
+                           "before_s": args.before, "after_s": args.after, "realtime_priority": args.realtime_priority,
+                           "loadavg_start": os.getloadavg()}
+    try:
+        _start_logged(group, logs)
+        pids = {c.spec.name: c.process.pid for c in group.children}
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline and not obs.moving and not group.failed():
+            time.sleep(0.1)
+        if not obs.moving:
+            raise RuntimeError(f"the stack never moved; logs in {logs}")
+        t0 = time.time()
+        cpu0 = _cpu_s(pids["adaptation"])
+        print(f"bench online: moving; {args.before:g} s before the jump", file=sys.stderr, flush=True)
+        killed_at = None
+        while time.time() - t0 < args.before:
+            time.sleep(0.5)
+        t_jump = time.time()
+        doc["inject"] = obs.fault(args.fault, args.payload_kg if args.fault == "payload" else args.latency_s)
+        if args.retare and args.fault == "payload":  # the operator after a tool change: the F/T sensor otherwise reads the payload as a contact
+            doc["operator"] = obs.retare()
+        print(f"bench online: {doc['jump']} ({doc['inject']}); {args.after:g} s after", file=sys.stderr, flush=True)
+        while time.time() - t_jump < args.after:
+            if args.kill_learner_at and killed_at is None and time.time() - t0 >= args.kill_learner_at:
+                os.kill(pids["adaptation"], 9)
+                killed_at = time.time()
+            time.sleep(0.5)
+        span = time.time() - t0
+        if killed_at is None:
+            doc["learner_cpu_pct"] = 100.0 * (_cpu_s(pids["adaptation"]) - cpu0) / span
+            doc["learner_memory"] = memory_of(pids["adaptation"])
+        doc["control_stack_memory"] = memory_of(pids["control_stack"])
+        doc["learner_killed_at_s"] = None if killed_at is None else killed_at - t0
+    finally:
+        obs_data = obs.errors()
+        commands = np.array(sorted(obs.commands), dtype=float) * 1e-9
+        updates, episodes, learner = list(obs.updates), list(obs.episodes), dict(obs.learner)
+        obs.close()
+        group.stop()
+        rclpy.shutdown(context=ctx)
+    t, err, ver = obs_data
+    doc.update(analyse(t, err, ver, commands, updates, episodes, t0, t_jump, args))
+    doc["learner_diagnostics"] = learner
+    log = state / "online" / "reach.jsonl"
+    attempts = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    doc["attempts"] = [{k: a.get(k) for k in ("accepted", "seconds", "cpu_s", "set_version", "error")}
+                       | {"verdict": (a.get("verdict") or {}).get("reasons")} for a in attempts]
+    doc["loadavg_end"] = os.getloadavg()
+    plot(Path(args.out) / "online_adaptation.png", t, err, updates, t0, t_jump, doc)
+    return doc
+
+
+def _start_logged(group, logs: Path) -> None:
+    """ProcessGroup.start with each child's output in a log file."""
+    import subprocess
+
+    from robot_wm.process_group import Child, _die_with_parent, command_for
+
+    for spec in group.specs:
+        with open(logs / f"{spec.name}.log", "wb") as fh:
+            proc = subprocess.Popen(command_for(spec), env=group.env, stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        group.children.append(Child(spec, proc))
+
+
+def analyse(t, err, ver, commands, updates, episodes, t0, t_jump, args) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    pre = err[(t > t_jump - 20.0) & (t <= t_jump)]
+    level = float(np.median(pre)) if len(pre) else math.nan
+    grid, med = rolling_median(t, err, 5.0)
+    out["error_level_before_jump_radps"] = level
+    after = grid > t_jump
+    # recovery: the rolling median first rose above factor x the level (the jump showing), then came back under it
+    above = np.flatnonzero(after & (med > args.recovery_factor * level))
+    out["error_rose_s"] = float(grid[above[0]] - t_jump) if len(above) else None
+    back = np.flatnonzero((grid > (grid[above[0]] if len(above) else np.inf)) & (med <= args.recovery_factor * level))
+    out["recovery_s"] = float(grid[back[0]] - t_jump) if len(back) else None
+    out["error_median_30s_after_jump_on_radps"] = float(np.nanmedian(err[t > t_jump + 30.0])) if np.any(t > t_jump + 30) else None
+    out["error_peak_after_jump_radps"] = float(np.nanmax(med[after])) if np.any(after) else None
+    out["error_5s_median_at_end_radps"] = float(med[-1]) if len(med) else None
+    out["rolling"] = {"t_s": (grid - t_jump).round(2).tolist(), "median_radps": np.round(med, 5).tolist()}
+    swaps = [(tw, u.action, u.set_version, u.accepted, u.reason) for tw, u in updates]
+    out["updates"] = [{"t_s": round(tw - t_jump, 2), "action": a, "set": s, "accepted": acc, "reason": r}
+                      for tw, a, s, acc, r in swaps]
+    gaps = np.diff(commands)
+    mid = commands[1:]
+    near = np.zeros(len(gaps), bool)
+    for tw, action, _, accepted, _ in swaps:
+        if action in ("activate", "rollback") and accepted:
+            near |= np.abs(mid - tw) <= 1.0
+    miss = gaps > 1.5 * PERIOD_S
+    out["missed_periods_within_1s_of_swaps"] = {"missed": int(np.sum(miss & near)), "periods": int(np.sum(near))}
+    out["missed_periods_elsewhere"] = {"missed": int(np.sum(miss & ~near)), "periods": int(np.sum(~near))}
+    out["swaps"] = sum(1 for s in swaps if s[1] in ("activate", "rollback") and s[3])
+    out["goals"] = {"before_jump": [sum(1 for tw, ok in episodes if tw < t_jump and ok), sum(1 for tw, _ in episodes if tw < t_jump)],
+                    "after_jump": [sum(1 for tw, ok in episodes if tw >= t_jump and ok), sum(1 for tw, _ in episodes if tw >= t_jump)]}
+    return out
+
+
+def plot(path: Path, t, err, updates, t0, t_jump, doc) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    if len(t):
+        ax.plot(t - t_jump, err * 1e3, ",", color="0.7", label="one-step error (each prediction)")
+        grid, med = np.array(doc["rolling"]["t_s"]), np.array(doc["rolling"]["median_radps"])
+        ax.plot(grid, med * 1e3, color="C0", lw=2, label="5 s rolling median")
+        level = doc["error_level_before_jump_radps"]
+        ax.axhline(level * 1e3, color="C2", ls=":", label="level before the jump")
+        ax.axhline(level * 1.2e3, color="C2", ls="--", label="1.2 x that level")
+        ax.set_ylim(0, max(4 * level * 1e3, float(np.nanmax(med)) * 1.3e3 if len(med) else 1))
+    ax.axvline(0.0, color="C3", lw=2, label=doc["jump"])
+    for u in doc["updates"]:
+        if u["accepted"] and u["action"] in ("activate", "rollback"):
+            ax.axvline(u["t_s"], color="C1" if u["action"] == "activate" else "C4", lw=1)
+    ax.plot([], [], color="C1", label="model swapped in (activate)")
+    ax.plot([], [], color="C4", label="rollback")
+    rec = doc.get("recovery_s")
+    ax.set_title(f"online adaptation on {doc['profile']}: velocity error back within 1.2x "
+                 + (f"{rec:.0f} s after the jump" if rec is not None else "not within the run"))
+    ax.set_xlabel("s from the jump")
+    ax.set_ylabel("RMS one-step qdot error, mrad/s")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="real_twin")
+    ap.add_argument("--before", type=float, default=60.0, help="seconds before the jump")
+    ap.add_argument("--after", type=float, default=120.0, help="seconds after the jump")
+    ap.add_argument("--fault", choices=("payload", "latency"), default="payload", help="the dynamics jump")
+    ap.add_argument("--payload-kg", type=float, default=2.5)
+    ap.add_argument("--latency-s", type=float, default=0.02, help="extra command latency of --fault latency")
+    ap.add_argument("--recovery-factor", type=float, default=1.2)
+    ap.add_argument("--realtime-priority", type=int, default=0)
+    ap.add_argument("--no-retare", dest="retare", action="store_false",
+                    help="leave the F/T tare as it was (the filter then treats the payload's weight as a contact)")
+    ap.add_argument("--kill-learner-at", type=float, default=0.0, help="SIGKILL the learner this many s into the run")
+    ap.add_argument("--out", default=str(ROOT / "out" / "bench_online"))
+    ap.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    args = ap.parse_args()
+    doc = run(args)
+    if not args.json:
+        print(f"online adaptation on {doc['profile']}, {doc['jump']} after {doc['before_s']:g} s, "
+              f"{doc['after_s']:g} s after it")
+        print(f"  error level before the jump: {doc['error_level_before_jump_radps'] * 1e3:.2f} mrad/s; peak 5 s median "
+              f"after it {(doc['error_peak_after_jump_radps'] or math.nan) * 1e3:.2f}; at the end "
+              f"{(doc['error_5s_median_at_end_radps'] or math.nan) * 1e3:.2f}")
+        print(f"  back within {args.recovery_factor:g} x: "
+              + (f"{doc['recovery_s']:.1f} s after the jump" if doc["recovery_s"] is not None else "not within the run"))
+        print(f"  swaps {doc['swaps']}; missed periods within 1 s of a swap "
+              f"{doc['missed_periods_within_1s_of_swaps']}, elsewhere {doc['missed_periods_elsewhere']}")
+        acc = [a for a in doc["attempts"] if a["accepted"]]
+        print(f"  attempts {len(doc['attempts'])}, accepted {len(acc)}; per attempt "
+              f"{np.median([a['seconds'] for a in doc['attempts']]) if doc['attempts'] else math.nan:.1f} s, "
+              f"{np.median([a['cpu_s'] for a in doc['attempts']]) if doc['attempts'] else math.nan:.1f} CPU-s; learner "
+              f"CPU {doc.get('learner_cpu_pct', math.nan):.0f} % of a core, memory "
+              f"{doc.get('learner_memory', {}).get('pss_mib', math.nan):.0f} MiB PSS")
+        print(f"  goals reached before / after the jump: {doc['goals']}; PNG {Path(args.out) / 'online_adaptation.png'}")
+    print(json.dumps(doc, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
