@@ -40,12 +40,14 @@ from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
 from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust.calibration import with_floors
 from robot_wm.msg import (EpisodeResult, InterventionRequest, InterventionState, SafetyStatus, TrustState,
                           WorldModelPrediction)
 from robot_wm.nodes.control_node import ControlNode
-from robot_wm.nodes.conversions import InputError, stamp_to_s
+from robot_wm.nodes.conversions import stamp_to_s
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
+from robot_wm.nodes.trust_diagnostics import diagnostic_values
 from robot_wm.nodes.trust_swap import RollbackGuard, calibration_for, declare_rollback
 
 _FILTERING = 1  # SafetyStatus.STATE_FILTERING
@@ -231,7 +233,7 @@ class TrustMonitorNode(ControlNode):
             self.get_logger().error(f"{self.problem}; publishing STOP")
             return TransitionCallbackReturn.SUCCESS
         try:
-            self.calibration = _with_floors(calib_io.load(path), config_from_params(self.params)[1].floor_map())
+            self.calibration = with_floors(calib_io.load(path), config_from_params(self.params)[1].floor_map())
             self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s)
             self.problem = None
             self.get_logger().info(f"trust calibration {path} (world model {self.calibration.model_version}, "
@@ -311,7 +313,7 @@ class TrustMonitorNode(ControlNode):
         cal, where = calibration_for(self.task, self.profile, version)
         if cal is None:
             return False
-        self.calibration = _with_floors(cal, config_from_params(self.params)[1].floor_map())
+        self.calibration = with_floors(cal, config_from_params(self.params)[1].floor_map())
         self.tracker.monitor.set_calibration(self.calibration)
         self.get_logger().warning(f"world model {version}: trust calibration {where} ({cal.source})")
         return True
@@ -583,37 +585,10 @@ class TrustMonitorNode(ControlNode):
             self._diag_t = time.monotonic()
             status = DiagnosticStatus(name="robot_wm/trust_monitor", hardware_id="world_model",
                                       level=_DIAG_LEVELS[level], message=reason[:200])
-            values = {"level": str(level), "score": f"{score:.3f}", "phase": str(self.phase),
-                      "intervention": str(self._intervention).lower(),
-                      "callback_errors": str(self.callback_errors),
-                      "model_version": self._model_version or "none"}
-            for k, v in (ratios or {}).items():
-                values[f"ratio_{k}"] = f"{v:.3f}"
-            if self._compute_us:
-                us = np.asarray(self._compute_us)
-                values["compute_cpu_us_p50"] = f"{np.percentile(us[:, 0], 50):.0f}"
-                values["compute_cpu_us_p99"] = f"{np.percentile(us[:, 0], 99):.0f}"
-                values["compute_wall_us_p50"] = f"{np.percentile(us[:, 1], 50):.0f}"
-                values["compute_wall_us_p99"] = f"{np.percentile(us[:, 1], 99):.0f}"
-            if self.phases is not None:
-                ev = self.phases.state.evidence
-                values.update({"phase_minutes": f"{ev.operating_s / 60.0:.2f}", "phase_episodes": str(ev.episodes),
-                               "phase_success_rate": f"{ev.success_rate:.3f}", "phase_mean_score": f"{ev.mean_score:.3f}",
-                               "phase_anomalies": str(ev.anomalies), "phase_file": self._phase_path})
-            if self.calibration is not None:
-                values["calibration_model_version"] = self.calibration.model_version
-                values["calibration_source"] = self.calibration.source
+            values = diagnostic_values(self, level, score, ratios)
             status.values = [KeyValue(key=k, value=v) for k, v in values.items()]
             if self._diag_pub is not None:
                 self._diag_pub.publish(DiagnosticArray(status=[status]))
-
-
-def _with_floors(cal, floors: dict):
-    """The calibration with config/trust.yaml's floors applied (a floor raised in config takes
-    effect without recalibrating)."""
-    import dataclasses
-
-    return dataclasses.replace(cal, thresholds={k: max(v, floors.get(k, 0.0)) for k, v in cal.thresholds.items()})
 
 
 main = main_for(TrustMonitorNode)

@@ -18,6 +18,7 @@ not match the running model (``load``). numpy only.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -159,3 +160,9 @@ def load(path: Path, model_version: str | None = None) -> Calibration:
 
 
 __all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "calibrate", "conformal_quantile", "load", "save"]
+
+
+def with_floors(cal: Calibration, floors: dict[str, float]) -> Calibration:
+    """The calibration with config/trust.yaml's floors applied (a floor raised in config takes
+    effect without recalibrating)."""
+    return dataclasses.replace(cal, thresholds={k: max(v, floors.get(k, 0.0)) for k, v in cal.thresholds.items()})
