@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 
+ANNOUNCE_WAIT_S = 1.5  # how long the CLI waits for a running graph to discover it before it announces
+
 def _registry():
     from robot_wm.registry import Registry
 
@@ -119,7 +121,8 @@ def _cmd_activate(args: argparse.Namespace) -> int:
     except RegistryError as exc:
         return _fail(exc)
     print(f"{args.task}: {info.version} active (policy {info.lineage['policy']['version']}, world model "
-          f"{info.lineage['world_model']['version']}); nodes load it at their next configure")
+          f"{info.lineage['world_model']['version']})")
+    _announce(args, "activate", f"activated by an operator (robot-wm models activate {args.task} {args.version})")
     return 0
 
 
@@ -132,8 +135,42 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
         info = reg.rollback(args.task)
     except RegistryError as exc:
         return _fail(exc)
-    print(f"{args.task}: rolled back from {before} to {info.version}; nodes load it at their next configure")
+    print(f"{args.task}: rolled back from {before} to {info.version}")
+    _announce(args, "rollback", f"rolled back by an operator (robot-wm models rollback {args.task})", before)
     return 0
+
+
+def _announce(args: argparse.Namespace, action: str, reason: str, previous: str = "") -> None:
+    """Tell a running graph (``/robot_wm/model_update``): its world_model node and safety filter swap the
+    task's active world model in between two periods; a node started later loads it anyway."""
+    if not args.announce:
+        print("not announced (--no-announce): running nodes keep their world model until their next configure")
+        return
+    import rclpy
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    from robot_wm.msg import ModelUpdate
+    from robot_wm.nodes.trust_swap import announce
+    from robot_wm.rosenv import apply_loopback_dds
+
+    apply_loopback_dds()
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    try:
+        node = rclpy.create_node("robot_wm_models_cli", context=context)
+        pub = node.create_publisher(ModelUpdate, "/robot_wm/model_update",
+                                    QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        deadline = time.monotonic() + ANNOUNCE_WAIT_S  # discovery: let a running graph's nodes match us
+        while time.monotonic() < deadline and pub.get_subscription_count() == 0:
+            time.sleep(0.05)
+        listeners = pub.get_subscription_count()
+        announce(node, pub, args.task, action, reason, previous_set=previous)
+        time.sleep(0.3)  # reliable delivery before the node goes
+        print(f"announced on /robot_wm/model_update ({listeners} running node(s) listening: they swap it in "
+              "between two periods)" if listeners else "no running graph heard it: nodes load it when they start")
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -199,9 +236,13 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
                                         "fails verification or was made for another robot, task or period)")
     q.add_argument("task", choices=TASKS)
     q.add_argument("version")
+    q.add_argument("--no-announce", dest="announce", action="store_false",
+                   help="do not tell a running graph (its nodes keep their model until their next configure)")
     q.set_defaults(func=_cmd_activate)
-    q = sub.add_parser("rollback", help="activate the previously active set of the task")
+    q = sub.add_parser("rollback", help="activate the previously active set of the task (a running graph swaps it in)")
     q.add_argument("task", choices=TASKS)
+    q.add_argument("--no-announce", dest="announce", action="store_false",
+                   help="do not tell a running graph (its nodes keep their model until their next configure)")
     q.set_defaults(func=_cmd_rollback)
     q = sub.add_parser("verify", help="recheck every hash and whether each set fits this robot (exit 1 on a problem)")
     q.add_argument("task", nargs="?", choices=TASKS, default=None, help="only this task")

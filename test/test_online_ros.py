@@ -158,6 +158,15 @@ def test_an_announced_model_is_swapped_in_between_two_periods_without_a_gap(spaw
         assert gaps.max() < max(3 * PERIOD_S, 1.5 * earlier.max()), (gaps.max(), earlier.max())
         assert client.statuses[-1].state in (0, 1), client.statuses[-1]
         assert watcher.filter_diag.get("world_model_swaps") == "1"
+        # an operator's rollback from the CLI reaches the running graph: both nodes swap the model back
+        import subprocess
+        import sys
+
+        out = subprocess.run([sys.executable, "-m", "robot_wm.cli", "models", "rollback", "reach"], capture_output=True,
+                             text=True, timeout=60, env=dict(os.environ))
+        assert out.returncode == 0 and "announced on /robot_wm/model_update" in out.stdout, out.stdout + out.stderr
+        assert wait_for(lambda: watcher.version() == before and watcher.filter_diag.get("world_model") == before, 30.0), \
+            (watcher.version(), watcher.filter_diag)
         assert all(p.process.poll() is None for p in procs.values()), _logs(procs)
     finally:
         client.close()
