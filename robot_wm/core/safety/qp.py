@@ -32,6 +32,7 @@ from robot_wm.contracts import STATE_LAYOUT
 from robot_wm.core.safety import speed as speed_polytope
 from robot_wm.core.safety.barriers import Workspace, accel_box, brake_speed
 from robot_wm.core.safety.layout import RowLayout
+from robot_wm.core.safety.report import active_names, slack_record
 from robot_wm.core.safety.limits import SafetyLimits
 from robot_wm.core.safety.types import (
     QpSnapshot,
@@ -565,48 +566,15 @@ class SafetyFilter:
             i = int(np.argmax(viol))
             return self._stop(FilterState.FAULT, f"post-check failed: {self.row_names[hard[i]]} violated by {viol[i]:.3g}",
                               u_prev, u_nom_raw, kind=FaultKind.POSTCHECK, **extra)
-        slack = self._slack(u, val)
+        slack = slack_record(self, u, val)
         if status == OSQP_SOLVED_INACCURATE:  # safe (post-checked), possibly further from the nominal than optimal
             note = f"{note}; QP solved inaccurate after {iters} iterations, passed the post-check" if note else \
                 f"QP solved inaccurate after {iters} iterations, passed the post-check"
         return FilterOutput(
-            u_safe_radps=u, state=FilterState.FILTERING, reason=note, active_constraints=self._active(val),
+            u_safe_radps=u, state=FilterState.FILTERING, reason=note, active_constraints=active_names(self, val),
             intervention_norm=float(np.linalg.norm(u - u_nom_raw)), max_slack=max(slack.values()), slack=slack,
             **extra,
         )
-
-    def _active(self, val: np.ndarray) -> tuple[str, ...]:
-        """Names of the rows within ACTIVE_TOL of (or beyond) a bound, unique, in row order."""
-        tol, lay = self.ACTIVE_TOL, self.layout
-        near = (val <= self._l + tol) | (val >= self._u - tol)
-        near[lay.slack] = False
-        names: list[str] = []
-        for idx in np.nonzero(near)[0]:
-            if idx < lay.box.stop:  # box row: the velocity, acceleration or (merged) joint limit that binds
-                i = idx - lay.box.start
-                src = self._hi_src[i] if val[idx] >= self._u[idx] - tol else self._lo_src[i]
-                kind = {BoundSource.SPEED: "velocity_limit:", BoundSource.ACCELERATION: "acceleration_limit:"}.get(
-                    BoundSource(src), "joint_limit:")
-                names.append(kind + self._joint_short[i])
-            else:
-                names.append(self.row_names[idx])
-        return tuple(dict.fromkeys(names))
-
-    def _slack(self, u: np.ndarray, val: np.ndarray) -> dict[str, float]:
-        """How far the final command exceeds each soft family, in that family's units (0 = met).
-
-        Tool speed: commanded tool speed |J u| above the limit, m/s, measured on the ball (not on
-        the polytope); workspace: barrier deficit of the next state, m; force: speed into the
-        contact, m/s.
-        """
-        lay = self.layout
-        v = self._jac_tool @ u
-        over = np.maximum(val - self._u, self._l - val)
-        return {
-            "tool_speed_mps": max(math.sqrt(float(v @ v)) - self._tool_speed_lim, 0.0),
-            "workspace_m": max(float(over[lay.ws].max(initial=0.0)), 0.0) * self.dt_s,
-            "contact_force_mps": max(float(over[lay.force]), 0.0),
-        }
 
     def _stop(self, state: FilterState, reason: str, u_prev: Any, u_nom: Any, *, kind: FaultKind | None = None,
               **extra) -> FilterOutput:
