@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 
-ANNOUNCE_WAIT_S = 1.5  # how long the CLI waits for a running graph to discover it before it announces
+ANNOUNCE_WAIT_S = 5.0  # at most this long the CLI waits for a running graph to discover it (less when one does)
+ANNOUNCE_SETTLE_S = 1.0  # ... and this long after the first of its nodes has
 
 def _registry():
     from robot_wm.registry import Registry
@@ -147,9 +148,10 @@ def _announce(args: argparse.Namespace, action: str, reason: str, previous: str 
         print("not announced (--no-announce): running nodes keep their world model until their next configure")
         return
     import rclpy
-    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from rclpy.duration import Duration
 
     from robot_wm.msg import ModelUpdate
+    from robot_wm.nodes.model_swap import UPDATE_QOS, UPDATE_TOPIC
     from robot_wm.nodes.trust_swap import announce
     from robot_wm.rosenv import apply_loopback_dds
 
@@ -158,14 +160,17 @@ def _announce(args: argparse.Namespace, action: str, reason: str, previous: str 
     rclpy.init(context=context)
     try:
         node = rclpy.create_node("robot_wm_models_cli", context=context)
-        pub = node.create_publisher(ModelUpdate, "/robot_wm/model_update",
-                                    QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        pub = node.create_publisher(ModelUpdate, UPDATE_TOPIC, UPDATE_QOS)
         deadline = time.monotonic() + ANNOUNCE_WAIT_S  # discovery: let a running graph's nodes match us
         while time.monotonic() < deadline and pub.get_subscription_count() == 0:
             time.sleep(0.05)
+        if pub.get_subscription_count():  # one matched: give the graph's other nodes a moment to match too
+            settle = time.monotonic() + ANNOUNCE_SETTLE_S
+            while time.monotonic() < settle:
+                time.sleep(0.05)
         listeners = pub.get_subscription_count()
         announce(node, pub, args.task, action, reason, previous_set=previous)
-        time.sleep(0.3)  # reliable delivery before the node goes
+        pub.wait_for_all_acked(Duration(seconds=ANNOUNCE_WAIT_S))  # delivered before the node goes
         print(f"announced on /robot_wm/model_update ({listeners} running node(s) listening: they swap it in "
               "between two periods)" if listeners else "no running graph heard it: nodes load it when they start")
         node.destroy_node()

@@ -95,6 +95,11 @@ EXPECTED_FIELDS = {
         "metric_names": "sequence<string>",
         "metric_values": "sequence<double>",
         "accepted": "boolean",
+        "task": "string",
+        "set_version": "string",
+        "previous_set_version": "string",
+        "action": "string",
+        "reason": "string",
     },
 }
 

@@ -24,6 +24,7 @@ from robot_wm import graph
 from robot_wm.process_group import command_for
 
 PERIOD_S = 0.01
+ARM_COMMAND_TIMEOUT_S = 0.05  # config/arm_sim.yaml command_timeout_s: the arm stops on a longer gap
 
 
 @pytest.fixture
@@ -55,7 +56,9 @@ class Watcher:
         node.create_subscription(Float64MultiArray, "/forward_velocity_controller/commands", self._on_command, reliable)
         node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, reliable)
         node.create_subscription(ModelUpdate, "/robot_wm/model_update", self.updates.append, reliable)
-        self.publisher = node.create_publisher(ModelUpdate, "/robot_wm/model_update", reliable)
+        from robot_wm.nodes.model_swap import UPDATE_QOS
+
+        self.publisher = node.create_publisher(ModelUpdate, "/robot_wm/model_update", UPDATE_QOS)
 
     def _on_prediction(self, msg) -> None:
         with self.lock:
@@ -152,10 +155,11 @@ def test_an_announced_model_is_swapped_in_between_two_periods_without_a_gap(spaw
         print(f"swap {before} -> {version}: {len(gaps)} command intervals within 1 s of it, the longest "
               f"{gaps.max() * 1e3:.1f} ms, {late} longer than 1.5 periods; 2 s before it the longest "
               f"{earlier.max() * 1e3:.1f} ms")
-        # no gap in the commands: the swap adds none beyond what a loaded machine does anyway (robot-wm's
-        # real-time priority brings those down too: bench/bench_online.py)
+        # no gap in the commands: never one the arm's own command timeout (50 ms, config/arm_sim.yaml) would
+        # act on, and none beyond what this machine does anyway (the periods a swap delays are counted by
+        # bench/bench_online.py, with real-time priority)
         assert len(gaps) > 100 and len(earlier) > 100
-        assert gaps.max() < max(3 * PERIOD_S, 1.5 * earlier.max()), (gaps.max(), earlier.max())
+        assert gaps.max() < max(ARM_COMMAND_TIMEOUT_S, 1.5 * earlier.max()), (gaps.max(), earlier.max())
         assert client.statuses[-1].state in (0, 1), client.statuses[-1]
         assert watcher.filter_diag.get("world_model_swaps") == "1"
         # an operator's rollback from the CLI reaches the running graph: both nodes swap the model back

@@ -317,7 +317,7 @@ def test_cli_round_trip(root, tmp_path, capsys):
                         "--demo-bag-sha256", BAG, "--command", "robot-wm adapt --task track")
     assert code == 0 and "registered track-0003-" in out
     version = out.split("registered ")[1].split()[0]
-    code, out, _ = _cli(capsys, "activate", "track", version)
+    code, out, _ = _cli(capsys, "activate", "track", version, "--no-announce")  # (announcing: test_online_ros)
     assert code == 0 and f"{version} active" in out
     code, out, _ = _cli(capsys, "show", "track", "active", "--json")
     doc = json.loads(out)
@@ -337,7 +337,7 @@ def test_cli_round_trip(root, tmp_path, capsys):
     assert code == 0 and "1 of 1" in out
     code, _, err = _cli(capsys, "activate", "track", version)  # already active; refused all the same
     assert code == 1 and "refusing to activate" in err and "[hash mismatch]" in err
-    code, out, _ = _cli(capsys, "rollback", "track")
+    code, out, _ = _cli(capsys, "rollback", "track", "--no-announce")
     assert code == 0 and f"rolled back from {version} to {shipped}" in out
     code, _, err = _cli(capsys, "rollback", "track")
     assert code == 1 and "no previously active version" in err

@@ -33,6 +33,7 @@ from robot_wm.contracts import N_JOINTS
 from robot_wm.msg import ModelUpdate, TrustState
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, joint_state_arrays, vector
+from robot_wm.nodes.model_swap import UPDATE_QOS, UPDATE_TOPIC
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 
@@ -110,8 +111,7 @@ class AdaptationNode(ControlNode):
         except (OSError, ValueError) as exc:
             self.get_logger().error(f"configure failed: {exc}")
             return TransitionCallbackReturn.FAILURE
-        self._update_pub = self.create_publisher(ModelUpdate, "/robot_wm/model_update",
-                                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        self._update_pub = self.create_publisher(ModelUpdate, UPDATE_TOPIC, UPDATE_QOS)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.get_logger().info(
             f"online learner for {self.task}: {self.config.buffer_s:g} s buffer "

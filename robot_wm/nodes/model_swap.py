@@ -18,11 +18,14 @@ import threading
 from pathlib import Path
 
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 SWAP_ACTIONS = ("activate", "rollback")
 _SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while a model loads (default 5 ms)
 UPDATE_TOPIC = "/robot_wm/model_update"
+#: QoS of /robot_wm/model_update, publishers and subscribers alike: reliable, and kept for a node that
+#: matches late (a short-lived publisher such as `robot-wm models rollback` may be gone by then)
+UPDATE_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
 class WorldModelSwap:
@@ -45,8 +48,7 @@ class WorldModelSwap:
         self._loading: threading.Thread | None = None
         self.last_refusal = ""
         self.swaps = 0
-        node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update,
-                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update, UPDATE_QOS)
 
     def _on_update(self, msg) -> None:
         if msg.task != self.task or msg.model_kind != "world_model" or msg.action not in SWAP_ACTIONS \
@@ -102,6 +104,8 @@ class WorldModelSwap:
         with self._lock:
             runner, msg = self._pending
             self._pending = None
+        if current is not None and getattr(current, "version", None) == runner.version:
+            return None  # already this model (an announcement kept for late subscribers, heard again)
         if current is not None:
             try:
                 runner.reset(current.action_history, current.qdot_history)

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+
 
 from robot_wm.core.trust.swap import SwapWatch, SwapWatchConfig
+from robot_wm.nodes.model_swap import UPDATE_QOS, UPDATE_TOPIC
 
 
 def calibration_for(task: str, profile: str, model_version: str, warn=None):
@@ -64,8 +65,7 @@ class RollbackGuard:
         self.watch = SwapWatch(config, dt_s)
         self.shadow = ShadowErrors(dt_s)
         self.rollbacks: list[str] = []  # reasons, for diagnostics
-        self.publisher = node.create_publisher(ModelUpdate, "/robot_wm/model_update",
-                                               QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        self.publisher = node.create_publisher(ModelUpdate, UPDATE_TOPIC, UPDATE_QOS)
 
     def update(self, t_s: float, model_version: str | None, velocity_error: float | None, qdot_radps=None) -> None:
         """One measured period of the running model (``qdot_radps``: the measured velocity, for the shadow's error)."""
