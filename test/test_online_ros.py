@@ -59,6 +59,7 @@ class Watcher:
         from robot_wm.nodes.model_swap import UPDATE_QOS
 
         self.publisher = node.create_publisher(ModelUpdate, "/robot_wm/model_update", UPDATE_QOS)
+        self.clock = node.get_clock()
 
     def _on_prediction(self, msg) -> None:
         with self.lock:
@@ -127,6 +128,7 @@ def _announce(watcher: Watcher, registry, info, action: str = "activate", sha256
     msg = ModelUpdate(model_kind="world_model", task="reach", action=action, accepted=True,
                       set_version=info.version, version=side["version"], path=str(info.world_model_path),
                       sha256=sha256 if sha256 is not None else side["sha256"], reason=f"test {action}")
+    msg.header.stamp = watcher.clock.now().to_msg()  # (an announcement older than a node is history to it)
     watcher.publisher.publish(msg)
     return side["version"]
 

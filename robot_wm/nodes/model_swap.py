@@ -48,12 +48,15 @@ class WorldModelSwap:
         self._loading: threading.Thread | None = None
         self.last_refusal = ""
         self.swaps = 0
+        self._started_ns = node.get_clock().now().nanoseconds  # older announcements are history (transient local)
         node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update, UPDATE_QOS)
 
     def _on_update(self, msg) -> None:
         if msg.task != self.task or msg.model_kind != "world_model" or msg.action not in SWAP_ACTIONS \
                 or not msg.accepted:
             return
+        if msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec < self._started_ns:
+            return  # kept for late subscribers from before this node started: it loaded the active model anyway
         if self._loading is not None and self._loading.is_alive():
             self.node.get_logger().warning(f"model update {msg.set_version}: still loading the previous one; "
                                            "this one is loaded after it")
