@@ -133,6 +133,7 @@ def check_ros_roundtrip(timeout_s: float = 10.0) -> list[Check]:
 # embedded arm: 10 rad/s^2, 20 ms from the probe's speed) and the stamps' jitter on a loaded machine.
 REST_MARGIN_S = 0.25
 _PROBE_S = 0.5  # how long the probe commands one joint (s)
+_FOLLOW_WAIT_S = 2.0  # how long the probe waits for the joint to follow its first commands (s)
 
 
 class _DriverProbe:
@@ -164,14 +165,15 @@ class _DriverProbe:
             self.executor.spin_once(timeout_sec=0.01)
         return bool(done())
 
-    def command(self, pub, velocity, duration_s: float, rate_hz: float = 100.0) -> float:
-        """Publish ``velocity`` at ``rate_hz`` for ``duration_s``; return the wall time of the last one."""
+    def command(self, pub, velocity, duration_s: float, rate_hz: float = 100.0, until=None) -> float:
+        """Publish ``velocity`` at ``rate_hz`` for ``duration_s`` (or until ``until()`` is true);
+        return the wall time of the last one."""
         from std_msgs.msg import Float64MultiArray
 
         msg = Float64MultiArray(data=[float(v) for v in velocity])
         end = time.monotonic() + duration_s
         last = time.time()
-        while time.monotonic() < end:
+        while time.monotonic() < end and not (until is not None and until()):
             pub.publish(msg)
             last = time.time()
             self.spin_until(lambda: False, 1.0 / rate_hz)
@@ -320,6 +322,10 @@ def _check_timeout(probe: _DriverProbe, limits, timeout_s: float | None, rest_ma
     for sign in (1.0, -1.0):  # there and back (for as long as the way there took): the arm ends near where it was
         command = np.zeros(n)
         command[j] = sign * speed
+        # the driver may match this publisher after it matched the driver (discovery on a loaded machine):
+        # command until the joint follows, for up to _FOLLOW_WAIT_S, then judge the next duration_s
+        probe.command(pub, command, _FOLLOW_WAIT_S,
+                      until=lambda: len(probe.states[-1][3]) == n and sign * probe.states[-1][3][j] > 0.5 * speed)
         t_start = time.time()
         t_last = probe.command(pub, command, duration_s)
         probe.spin_until(lambda: rest_s(t_last) is not None, limit_s + 1.0)

@@ -122,9 +122,13 @@ def test_the_example_driver_speaks_the_contract_rests_on_timeout_and_resets(spaw
         client.command_for(command, 0.8)
         t_last_wall = time.time()  # the last command was published before this
         np.testing.assert_allclose(np.mean([s[2] for s in client.states_since(t0 + 0.3)], axis=0), command, atol=0.02)
-        # the command timeout (50 ms) brings the arm to rest by itself, judged by the arm's stamps
+        # the command timeout (50 ms) brings the arm to rest by itself, judged by the arm's stamps: from the
+        # last state still at the commanded speed (the arm's own time, free of this machine's delivery delays)
+        # to the first at rest, the timeout and the drives' lag (10 ms time constant); from the last command published, the
+        # same plus the delivery of that command (generous: on a loaded 2-core machine it can take 0.2 s)
         assert wait_for(lambda: client.rest_after(t_last_wall) is not None, 5.0), client.latest()[2]
-        assert client.rest_after(t_last_wall) < 0.3
+        steady = [s[5] for s in client.states_since(t0) if np.abs(s[2] - command).max() < 0.01]
+        assert client.rest_after(steady[-1]) < 0.3 and client.rest_after(t_last_wall) < 1.0
         assert wait_for(lambda: diags.says("robot_wm/example_arm", 1, "command timeout: holding"), 5.0), diags.seen[-1:]
         # and stays at rest until a fresh command
         n = len(client.states)

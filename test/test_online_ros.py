@@ -143,6 +143,8 @@ def test_an_announced_model_is_swapped_in_between_two_periods_without_a_gap(spaw
     procs, client, watcher = _start(spawn, ros_context, env)
     try:
         assert wait_for(lambda: _moving(watcher, client), 90.0), _logs(procs)
+        # 5 s of commands before the swap: the machine's own gaps are measured on 2 s of them
+        assert wait_for(lambda: len(watcher.commands) > 500, 30.0), len(watcher.commands)
         before = watcher.version()
         info = _variant(registry, tmp_path, "same_weights")
         version = _announce(watcher, registry, info)
