@@ -55,6 +55,7 @@ class Observer:
         from std_msgs.msg import Float64MultiArray
 
         from robot_wm.msg import EpisodeResult, ModelUpdate, WorldModelPrediction
+        from robot_wm.nodes.runner import SpinThread
         from robot_wm.srv import InjectFault
 
         self.node = Node("bench_online_observer", context=context)
@@ -85,13 +86,7 @@ class Observer:
                          for name in ("/robot_wm/estop", "/safety_filter/tare", "/robot_wm/reset_estop")}
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(n)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.05)
+        self.spinner = SpinThread(self.executor)
 
     def _on_prediction(self, msg) -> None:
         stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
@@ -158,8 +153,7 @@ class Observer:
         return "; ".join(steps + [f"reset refused until the end: {text}"])
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
+        self.spinner.stop()
         self.executor.remove_node(self.node)
         self.node.destroy_node()
 

@@ -24,8 +24,6 @@ DOMAIN_ID = int(os.environ.get("ROBOT_WM_TEST_DOMAIN_ID", 0)) or 10 + os.getpid(
 os.environ.update(loopback_env(domain_id=DOMAIN_ID))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 # Persistent state (the deployment phase, the intervention log) of this run only, never the user's.
-import tempfile  # noqa: E402
-
 os.environ["ROBOT_WM_STATE_DIR"] = tempfile.mkdtemp(prefix="robot_wm_test_state_")
 # robot_wm's Python state publisher (graph.yaml fallback for robot_state_publisher, about a fifth of a
 # core at 500 Hz) only where a test asks for it (graph.plan(fallbacks=True)): the 2 cores go to what

@@ -18,6 +18,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
 from robot_wm import graph
+from robot_wm.nodes.runner import SpinThread
 from robot_wm.process_group import command_for
 
 
@@ -48,18 +49,11 @@ class ArmClient:
         self._clients: dict = {}
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        if start:
-            self.start()
+        self.spinner = SpinThread(self.executor, timeout_s=0.02, start=start)
 
     def start(self) -> None:
         """Start spinning (``start=False`` lets a caller add subscriptions on ``node`` first)."""
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.02)
+        self.spinner.start()
 
     def _on_state(self, msg: JointState) -> None:
         with self.lock:
@@ -130,9 +124,7 @@ class ArmClient:
 
     def close(self) -> None:
         """Stop spinning and destroy the node."""
-        self._stop.set()
-        if self._thread.ident is not None:  # started
-            self._thread.join(timeout=2.0)
+        self.spinner.stop()
         self.executor.remove_node(self.node)
         self.node.destroy_node()
         self.executor.shutdown(timeout_sec=1.0)

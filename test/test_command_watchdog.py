@@ -322,19 +322,15 @@ class FakeControllerManager:
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.node import Node
 
+        from robot_wm.nodes.runner import SpinThread
+
         self.calls: list[SwitchCall] = []
         self.answers = deque(answers)
         self.node = Node("controller_manager", context=context)
         self.node.create_service(SwitchController, "~/switch_controller", self._on_switch)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.02)
+        self.spinner = SpinThread(self.executor, timeout_s=0.02)
 
     def _on_switch(self, request, response):
         self.calls.append(SwitchCall(
@@ -344,8 +340,7 @@ class FakeControllerManager:
         return response
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
+        self.spinner.stop()
         self.executor.remove_node(self.node)
         self.node.destroy_node()
 
@@ -361,6 +356,8 @@ class CommandSource:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from std_msgs.msg import Float64MultiArray
 
+        from robot_wm.nodes.runner import SpinThread
+
         self._msg_type = Float64MultiArray
         self.node = Node("test_command_source", context=context)
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
@@ -375,20 +372,14 @@ class CommandSource:
         self.value = [0.3, 0.0, 0.0, 0.0, 0.0, 0.0]
         self.on = publish
         self.last_publish_s: float | None = None  # time.time() just before the newest publish
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._spin, daemon=True)]
+        self.spinner = SpinThread(self.executor, timeout_s=0.02)
+        self._publisher = threading.Thread(target=self._publish_loop, daemon=True)
         if publish:
-            self._threads.append(threading.Thread(target=self._publish_loop, daemon=True))
-        for thread in self._threads:
-            thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.02)
+            self._publisher.start()
 
     def _publish_loop(self) -> None:
         next_s = time.monotonic()
-        while not self._stop.is_set():
+        while not self.spinner.stopping:
             if self.on:
                 self.last_publish_s = time.time()
                 self.pub.publish(self._msg_type(data=[float(v) for v in self.value]))
@@ -417,9 +408,9 @@ class CommandSource:
                    for t, v, _ in list(self.statuses))
 
     def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=2.0)
+        self.spinner.stop()
+        if self._publisher.ident is not None:
+            self._publisher.join(timeout=2.0)
         self.executor.remove_node(self.node)
         self.node.destroy_node()
 

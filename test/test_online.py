@@ -17,7 +17,6 @@ from robot_wm import description
 from robot_wm.core.kinematics import Kinematics
 from robot_wm.core.trust.swap import SwapWatch, SwapWatchConfig
 from robot_wm.learning.online import (
-    HeldOut,
     LearnerConfig,
     OnlineLearner,
     RealBuffer,

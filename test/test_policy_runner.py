@@ -149,7 +149,7 @@ def test_sidecar_layout_and_limits_are_checked(tmp_path):
 
 def test_wrong_kind_and_signature_refused(tmp_path):
     torch = pytest.importorskip("torch")
-    from robot_wm.learning.export import example_inputs, export_onnx, write_sidecar
+    from robot_wm.learning.export import export_onnx, write_sidecar
 
     class WorldModel(torch.nn.Module):
         def forward(self, obs):

@@ -170,26 +170,21 @@ def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payloa
 
 # ------------------------------------------------------------------------------- the node
 def _trust_client(context):
-    import threading
-
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
 
     from robot_wm.msg import TrustState
+    from robot_wm.nodes.runner import SpinThread
 
     node = Node("test_trust_client", context=context)
     states: list = []
     node.create_subscription(TrustState, "/robot_wm/trust", states.append, 50)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
-    stop = threading.Event()
-    thread = threading.Thread(target=lambda: [executor.spin_once(timeout_sec=0.05) for _ in iter(stop.is_set, True)],
-                              daemon=True)
-    thread.start()
+    spinner = SpinThread(executor)
 
     def close():
-        stop.set()
-        thread.join(timeout=2.0)
+        spinner.stop()
         executor.remove_node(node)
         node.destroy_node()
 

@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -192,6 +191,8 @@ class Recorder:
         from sensor_msgs.msg import JointState
         from std_msgs.msg import Float64MultiArray
 
+        from robot_wm.nodes.runner import SpinThread
+
         self.node = Node("bench_control_path_observer", context=context)
         qos = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
         self.js: list[tuple[int, int]] = []
@@ -202,13 +203,7 @@ class Recorder:
         # the observer is not a robot_wm node: it stays on rclpy's plain SingleThreadedExecutor in every mode
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.05)
+        self.spinner = SpinThread(self.executor)
 
     def _on_js(self, msg, info) -> None:
         self.js.append((msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec, info["source_timestamp"]))
@@ -222,8 +217,7 @@ class Recorder:
         self.js, self.cmd, self.moving = [], [], False
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
+        self.spinner.stop()
         self.executor.remove_node(self.node)
         self.node.destroy_node()
         self.executor.shutdown(timeout_sec=1.0)

@@ -26,7 +26,6 @@ import numpy as np
 
 from robot_wm.contracts import (
     N_JOINTS,
-    OBS_DIM,
     OBS_LAYOUT,
     layout_width,
     track_obs_layout,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_wm.core.policy_runner import Policy, PolicyOutputError, PolicyRunner, ScriptedPolicy, make_obs
+from robot_wm.core.policy_runner import Policy, PolicyOutputError, PolicyRunner, make_obs
 from robot_wm.core.task import SuccessTracker, TaskSpec, load_task
 
 DEFAULT_EPISODES = 64

@@ -46,6 +46,38 @@ def make_executor(context: Context, kind: str | None = None) -> Executor:
     return EventsExecutor(context=context) if kind == "events" else SingleThreadedExecutor(context=context)
 
 
+class SpinThread:
+    """Spin ``executor`` on a daemon thread until :meth:`stop`: the observers and fakes that tests,
+    benchmarks and tools run next to the graph (a robot_wm process spins in :func:`run_nodes`).
+
+    ``start=False`` lets the caller create its subscriptions first; ``timeout_s`` bounds how long
+    :meth:`stop` waits for the spin loop to notice."""
+
+    def __init__(self, executor: Executor, timeout_s: float = 0.05, start: bool = True) -> None:
+        self.executor, self.timeout_s = executor, float(timeout_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            self.executor.spin_once(timeout_sec=self.timeout_s)
+
+    def stop(self, join_s: float = 2.0) -> None:
+        """Stop spinning and wait up to ``join_s`` for the thread (a no-op if it never started)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=join_s)
+
+
 NodeFactory = Callable[[Context], Node]
 
 

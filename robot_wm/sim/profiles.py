@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from robot_wm.contracts import JOINT_NAMES, N_JOINTS
+from robot_wm.contracts import N_JOINTS
 from robot_wm.paths import data_path
 
 #: The moving links, child of each joint in JOINT_NAMES (the order of ``link_mass_scale``).

@@ -62,6 +62,7 @@ class Watcher:
         from sensor_msgs.msg import JointState
 
         from robot_wm.msg import SafetyStatus, TrustState
+        from robot_wm.nodes.runner import SpinThread
 
         self.context = Context()
         rclpy.init(context=self.context)
@@ -76,13 +77,7 @@ class Watcher:
         self.node.create_subscription(TrustState, "/robot_wm/trust", self._keep(self.trust), qos)
         self.executor = EventsExecutor(context=self.context)  # keeps up with 500 Hz on a loaded machine
         self.executor.add_node(self.node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.05)
+        self.spinner = SpinThread(self.executor)
 
     def _keep(self, into: list):
         def cb(msg) -> None:
@@ -108,8 +103,7 @@ class Watcher:
     def close(self) -> None:
         import rclpy
 
-        self._stop.set()
-        self._thread.join(2.0)
+        self.spinner.stop()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
 
