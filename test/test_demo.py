@@ -19,18 +19,24 @@ def test_scripted_arm_tracks_its_commands_and_stops_on_the_timeout(spawn, ros_co
     """The arm alone in its own process, a scripted velocity sequence over ROS 2, judged on /joint_states."""
     proc = spawn(arm_sim_command())
     client = ArmClient(ros_context)
+    script = default_script()
     try:
         assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()
-        script = default_script()
-        wall_minus_mono = time.time() - time.monotonic()
-        t0 = run_script(client, script)
-        time.sleep(0.1)  # the last joint states of the silence
-        states = client.states_since(t0)
+        for _ in range(2):  # once more if this observer missed part of the run (see below)
+            wall_minus_mono = time.time() - time.monotonic()
+            t0 = run_script(client, script)
+            time.sleep(0.1)  # the last joint states of the silence
+            states = client.states_since(t0)
+            # judged at the joint states' own stamps (the arm's wall clock, put on the script's monotonic
+            # one): a moment this process was not scheduled delays their receipt, not the arm's stop
+            stamps = [s[5] - wall_minus_mono for s in states]
+            # a stall of the machine (CI once: 1.3 s without a joint state, a whole segment unjudged)
+            # leaves a hole in what was observed; the arm is then judged on a second run
+            if len(stamps) > 1 and np.diff(stamps).max() < 0.2:
+                break
     finally:
         client.close()
-    # judged at the joint states' own stamps (the arm's wall clock, put on the script's monotonic
-    # one): a moment this process was not scheduled delays their receipt, not the arm's stop
-    check = summarize([s[5] - wall_minus_mono for s in states], [s[2] for s in states], script, t0)
+    check = summarize(stamps, [s[2] for s in states], script, t0)
     assert check.joint_states_received > 1000
     assert set(check.tracking_error_radps) == {s.name for s in script if s.velocity_radps is not None}
     assert check.worst_tracking_error_radps < 0.05, check.tracking_error_radps

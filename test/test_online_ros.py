@@ -255,7 +255,12 @@ def test_killing_the_learner_leaves_the_control_path_running(spawn, ros_context,
         time.sleep(3.0)
         gaps = watcher.command_gaps_s(killed_at, killed_at + 3.0)
         assert len(gaps) > 200 and gaps.max() < 0.1, (len(gaps), gaps.max() if len(gaps) else None)
-        assert client.statuses[-1].state in (0, 1), client.statuses[-1]
+        # the filter runs on (OK, FILTERING) with nothing latched; a nominal late on a loaded machine may hold
+        # the arm for a period (a "stale input" status, CI once), which says nothing of the learner
+        after = [s for s in list(client.statuses) if s.header.stamp.sec + 1e-9 * s.header.stamp.nanosec >= killed_at]
+        running = np.mean([s.state in (0, 1) for s in after])
+        assert len(after) > 100 and running > 0.5 and not any(s.latches for s in after), (len(after), running)
+        assert wait_for(lambda: client.statuses[-1].state in (0, 1), 5.0), client.statuses[-1]
         others = {n: p for n, p in procs.items() if n != "adaptation"}
         assert all(p.process.poll() is None for p in others.values()), _logs(others)
     finally:
