@@ -23,6 +23,7 @@ import collections
 import json
 import queue
 import threading
+import time
 from pathlib import Path
 
 from rclpy.node import Node
@@ -32,6 +33,8 @@ from rclpy.serialization import deserialize_message
 from robot_wm import bags
 
 PREROLL_S = 0.5
+_ASK_AGAIN_S = 2.0  # a parameter request unanswered this long is sent again (s)
+_POLICY_WAIT_S = 15.0  # how long a bag waits to learn what the policy node runs (s)
 
 
 def _msg_class(msgtype: str):
@@ -59,6 +62,7 @@ class DemoRecorder(Node):
         self.done = threading.Event()
         self.world_model_version = ""
         self.policy_source, self.policy_version = None, ""
+        self.policy_known = threading.Event()  # set once the policy node has said what it runs
         reliable = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
         latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
         for topic, msgtype in bags.TOPICS.items():
@@ -70,7 +74,7 @@ class DemoRecorder(Node):
         from rcl_interfaces.srv import GetParameters
 
         self._param_client = self.create_client(GetParameters, f"{policy_node}/get_parameters")
-        self._param_future = None
+        self._param_future, self._param_sent_s = None, 0.0
         self.create_timer(0.5, self._ask_policy)
         # bags are written off the executor: a callback that blocks loses messages from the queues
         self._jobs: "queue.Queue" = queue.Queue()
@@ -101,10 +105,16 @@ class DemoRecorder(Node):
 
         if self.policy_source is not None:
             return
+        now_s = time.monotonic()
+        if self._param_future is not None and not self._param_future.done() and now_s - self._param_sent_s > _ASK_AGAIN_S:
+            # a request sent as the service was discovered can lose its response (a loaded machine): ask again
+            self._param_client.remove_pending_request(self._param_future)
+            self._param_future = None
         if self._param_future is None:
             if not self._param_client.service_is_ready():
                 return
             self._param_future = self._param_client.call_async(GetParameters.Request(names=["scripted", "model_path", "task"]))
+            self._param_sent_s = now_s
             return
         if not self._param_future.done():
             return
@@ -114,6 +124,7 @@ class DemoRecorder(Node):
         model_path = values[1].string_value if len(values) > 1 else ""
         self.policy_source = "scripted" if scripted else "policy"
         self.policy_version = "scripted" if scripted else _policy_version(model_path, self.task)
+        self.policy_known.set()
 
     # ---------------------------------------------------------------------------------- episodes
     def _episode_ended(self, data: bytes, received_ns: int) -> None:
@@ -168,6 +179,9 @@ class DemoRecorder(Node):
     def _write(self, name: str, result, start_ns: int, end_ns: int, window) -> None:
         if self.demos and len(self.written) >= self.demos:
             return  # queued before the last one was written: no more than asked
+        if not self.policy_known.wait(_POLICY_WAIT_S):
+            self.get_logger().warning(f"episode {result.index}: {self.policy_node} did not say what it runs within "
+                                      f"{_POLICY_WAIT_S:g} s: the bag says source 'policy' and no policy version")
         path = self.out / name
         k = 1
         while path.exists() or path.with_name(path.name + ".partial").exists():
@@ -238,8 +252,6 @@ def _policy_version(model_path: str, task: str) -> str:
 
 def record_live(out: Path, demos: int, *, task: str, robot: str, timeout_s: float, progress=print) -> tuple[list[Path], list[str]]:
     """Record from the running stack until ``demos`` episodes are written or ``timeout_s`` passes."""
-    import time
-
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
