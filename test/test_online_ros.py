@@ -7,6 +7,7 @@ the predictions' and states' stamps), never by when the test process got to look
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -256,9 +257,15 @@ def test_killing_the_learner_leaves_the_control_path_running(spawn, ros_context,
         procs["adaptation"].process.send_signal(signal.SIGKILL)
         assert wait_for(lambda: procs["adaptation"].process.poll() is not None, 5.0)
         killed_at = time.time()
-        time.sleep(3.0)
-        gaps = watcher.command_gaps_s(killed_at, killed_at + 3.0)
-        assert len(gaps) > 200 and gaps.max() < 0.1, (len(gaps), gaps.max() if len(gaps) else None)
+        assert wait_for(lambda: len(watcher.command_gaps_s(killed_at, math.inf)) > 300, 30.0), \
+            len(watcher.command_gaps_s(killed_at, math.inf))
+        gaps = watcher.command_gaps_s(killed_at, math.inf)
+        # no gap in the commands beyond what the arm's own 500 Hz stamps show of this machine stalling
+        # every process (CI once: 1 s without a joint state or a command)
+        with client.lock:
+            arm = np.array(sorted(s[5] for s in client.states if s[5] >= killed_at))
+        stall = float(np.diff(arm).max()) if len(arm) > 1 else 0.0
+        assert gaps.max() < 0.1 + stall, (gaps.max(), stall)
         # the filter runs on (OK, FILTERING) with nothing latched; a nominal late on a loaded machine may hold
         # the arm for a period (a "stale input" status, CI once), which says nothing of the learner
         after = [s for s in list(client.statuses) if s.header.stamp.sec + 1e-9 * s.header.stamp.nanosec >= killed_at]

@@ -53,7 +53,10 @@ def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_con
         witness.destroy_node()
     report = demos.inspect_demos(out)
     assert report["usable"] == 2 and not report["problems"], report
-    data, metas, _ = demos.load_demos(out, max_gap_s=0.5)  # a loaded CI machine may stall the arm a moment
+    # a stalled machine leaves holes in what the arm published (this machine once: 0.76 s); the bag holds what
+    # DDS delivered, holes included (held against the witness below), and the loader's refusal of a silent
+    # arm is test_demos.py's: here holes up to 2 s are let through
+    data, metas, _ = demos.load_demos(out, max_gap_s=2.0)
     for m in metas:
         assert (m.task, m.robot, m.source, m.library) == ("track", "nominal", "policy", False)
         assert m.models["policy"].startswith("policy-") and m.models["world_model"].startswith("wm-")

@@ -130,20 +130,23 @@ def test_the_node_publishes_the_description_and_tf_stamped_like_the_joint_states
         n = len(tf)
         assert wait_for(lambda: len(tf) >= n + 20, 20.0), pub.output()
         assert pub.process.poll() is None and "not finite" in pub.output()
-        with client.lock:
-            states = {s[5]: s[1] for s in client.states if s[4]}  # stamp (s) -> positions
-        tfs = list(tf)
 
         def stamp(m):
             return m.transforms[0].header.stamp.sec + 1e-9 * m.transforms[0].header.stamp.nanosec
 
+        def observed():
+            with client.lock:
+                states = {s[5]: s[1] for s in client.states if s[4]}  # stamp (s) -> positions
+            tfs = list(tf)
+            return states, tfs, [m for m in tfs if stamp(m) in states]
+
+        # each /tf carries a measured joint state's stamp and its positions (this client may drop some
+        # of the 500 Hz states on a loaded machine, or discover the arm late: compare those it has)
+        assert wait_for(lambda: len(observed()[2]) >= 5, 20.0), [(len(x)) for x in observed()]
+        states, tfs, matched = observed()
         stamps = [stamp(m) for m in tfs[-40:]]
         # at most publish_frequency (50 Hz), judged by the stamps: 20 ms apart (one 2 ms state period of slack)
         assert min(np.diff(stamps)) >= 0.018
-        # each /tf carries a measured joint state's stamp and its positions (this client may drop
-        # some of the 500 Hz states when the machine is loaded: compare those it has)
-        matched = [m for m in tfs if stamp(m) in states]
-        assert len(matched) >= 5, (stamps[-5:], sorted(states)[-5:], len(states))
         for m in matched[-5:]:
             expected = TransformTree(URDF).transforms(dict(zip(JOINTS, states[stamp(m)])))
             for msg_t, exp in zip(m.transforms, expected):
