@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -108,3 +109,48 @@ def test_an_operator_take_over_marks_the_episode_teleop_and_counts_it(ros_contex
         assert (clean.source, clean.interventions) == ("policy", 0)
     finally:
         rec.destroy_node()
+
+
+@pytest.mark.ros
+def test_the_recorder_asks_the_policy_node_again_when_an_answer_does_not_come(ros_context, tmp_path, monkeypatch):
+    """A parameter request whose response is lost (as while a service is being discovered) is sent
+    again after a while; the answer to the second one says what the policy node runs."""
+    import rclpy
+    from rcl_interfaces.msg import ParameterType, ParameterValue
+    from rcl_interfaces.srv import GetParameters
+    from rclpy.callback_groups import ReentrantCallbackGroup
+    from rclpy.executors import MultiThreadedExecutor
+
+    from robot_wm.nodes import recorder as recorder_module
+    from robot_wm.nodes.runner import SpinThread
+
+    monkeypatch.setattr(recorder_module, "_ASK_AGAIN_S", 0.5)
+    calls: list[float] = []
+    policy = rclpy.create_node("slow_policy", context=ros_context)
+
+    def answer(request, response):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            time.sleep(3.0)  # the first answer comes after the recorder has given up on it
+        response.values = [ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=True),
+                           ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=""),
+                           ParameterValue(type=ParameterType.PARAMETER_STRING, string_value="track")]
+        return response
+
+    policy.create_service(GetParameters, "/slow_policy/params", answer, callback_group=ReentrantCallbackGroup())
+    executor = MultiThreadedExecutor(num_threads=2, context=ros_context)
+    executor.add_node(policy)
+    rec = recorder_module.DemoRecorder(tmp_path, 1, task="track", robot="nominal", context=ros_context,
+                                       policy_node="/slow_policy")
+    rec._param_client = rec.create_client(GetParameters, "/slow_policy/params")  # the service that answers late
+    executor.add_node(rec)
+    spinner = SpinThread(executor)
+    try:
+        assert wait_for(rec.policy_known.is_set, 10.0), calls
+        assert len(calls) >= 2 and calls[1] - calls[0] < 2.5  # asked again before the first answer came
+        assert (rec.policy_source, rec.policy_version) == ("scripted", "scripted")
+    finally:
+        spinner.stop()
+        executor.shutdown(timeout_sec=1.0)
+        rec.destroy_node()
+        policy.destroy_node()

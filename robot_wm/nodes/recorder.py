@@ -63,6 +63,7 @@ class DemoRecorder(Node):
         self.world_model_version = ""
         self.policy_source, self.policy_version = None, ""
         self.policy_known = threading.Event()  # set once the policy node has said what it runs
+        self._policy_waited = False
         reliable = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
         latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
         for topic, msgtype in bags.TOPICS.items():
@@ -179,9 +180,12 @@ class DemoRecorder(Node):
     def _write(self, name: str, result, start_ns: int, end_ns: int, window) -> None:
         if self.demos and len(self.written) >= self.demos:
             return  # queued before the last one was written: no more than asked
-        if not self.policy_known.wait(_POLICY_WAIT_S):
-            self.get_logger().warning(f"episode {result.index}: {self.policy_node} did not say what it runs within "
-                                      f"{_POLICY_WAIT_S:g} s: the bag says source 'policy' and no policy version")
+        if not self.policy_known.is_set() and not self._policy_waited:  # once: a silent node does not hold every bag
+            self._policy_waited = True
+            if not self.policy_known.wait(_POLICY_WAIT_S):
+                self.get_logger().warning(f"episode {result.index}: {self.policy_node} did not say what it runs "
+                                          f"within {_POLICY_WAIT_S:g} s: its bags say source 'policy' and no policy "
+                                          "version until it does")
         path = self.out / name
         k = 1
         while path.exists() or path.with_name(path.name + ".partial").exists():
