@@ -13,8 +13,10 @@ nothing is swapped half-way through a period. A model that fails to load is refu
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from rclpy.node import Node
@@ -22,6 +24,7 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 SWAP_ACTIONS = ("activate", "rollback")
 _SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while a model loads (default 5 ms)
+_RETIRE_AFTER_S = 1.0  # a replaced model is freed this long after the swap, off the control thread
 UPDATE_TOPIC = "/robot_wm/model_update"
 #: QoS of /robot_wm/model_update, publishers and subscribers alike: reliable, and kept for a node that
 #: matches late (a short-lived publisher such as `robot-wm models rollback` may be gone by then)
@@ -57,27 +60,22 @@ class WorldModelSwap:
             return
         if msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec < self._started_ns:
             return  # kept for late subscribers from before this node started: it loaded the active model anyway
-        if self._loading is not None and self._loading.is_alive():
+        previous = self._loading
+        if previous is not None and previous.is_alive():  # waited for on the new loader, not on this thread
             self.node.get_logger().warning(f"model update {msg.set_version}: still loading the previous one; "
                                            "this one is loaded after it")
-            self._loading.join()
-        self._loading = threading.Thread(target=self._load, args=(msg,), name="world_model_swap", daemon=True)
+        self._loading = threading.Thread(target=self._load, args=(msg, previous), name="world_model_swap",
+                                         daemon=True)
         self._loading.start()
 
-    def _load(self, msg) -> None:
-        _lower_this_thread()  # the control thread comes first: this one runs when it does not
-        # this thread holds the interpreter lock while it builds the model: hand it back to the control
-        # thread every 0.5 ms instead of every 5 ms, so that a period waits at most that long for it
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_S))
-        try:
+    def _load(self, msg, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()  # announcements are loaded in the order they came
+        with loader_scheduling():
             self._build(msg)
-        finally:
-            sys.setswitchinterval(interval)
 
     def _build(self, msg) -> None:
         from robot_wm.core.onnx_model import sha256_file
-        from robot_wm.core.world_model_runner import WorldModelRunner
         from robot_wm.registry import resolve
 
         try:
@@ -88,8 +86,7 @@ class WorldModelSwap:
                                  "a late or stale announcement")
             if msg.sha256 and sha256_file(path) != msg.sha256:
                 raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
-            runner = WorldModelRunner(path, self.joint_names, self.dt_s, analytic=self.analytic)
-            _warm_up(runner, self.analytic)
+            runner = load_runner(path, self.joint_names, self.dt_s, self.analytic)
         except Exception as exc:  # noqa: BLE001 (anything that fails to load is refused, never raised)
             self.last_refusal = f"model update {msg.set_version} ({msg.action}) refused: {type(exc).__name__}: {exc}"
             self.node.get_logger().error(f"{self.last_refusal}; keeping the current world model")
@@ -120,29 +117,71 @@ class WorldModelSwap:
         return runner
 
 
-def _warm_up(runner, analytic: bool, rounds: int = 3) -> None:
-    """Run the new model's sessions a few times here: onnxruntime's first runs of a session allocate
-    and plan, which would otherwise fall on the control thread's first periods with it."""
+def retire(runner, after_s: float = _RETIRE_AFTER_S) -> None:
+    """Release a replaced runner off the control thread: freeing its onnxruntime sessions takes 2-6 ms
+    (the filter's, with the linearization graph), a period's worth of budget if the control thread did
+    it. A thread of its own keeps the last reference for ``after_s`` (the caller drops its own meanwhile)
+    and then lets it go, just below the control thread."""
+    if runner is None:
+        return
+    threading.Thread(target=_release_later, args=([runner], after_s), name="world_model_retire", daemon=True).start()
+
+
+def _release_later(box: list, after_s: float) -> None:
+    threading.Event().wait(after_s)
+    with loader_scheduling():
+        box.clear()
+
+
+def load_runner(path, joint_names, dt_s: float, analytic: bool):
+    """The loader's work: the runner of ``path`` (checked as a world model of this arm and period; with
+    its linearization graph when ``analytic``), its sessions already run a few times. onnxruntime's first
+    runs of a session allocate and plan, which would otherwise fall on the control thread's first
+    periods with it."""
     import numpy as np
 
+    from robot_wm.core.world_model_runner import WorldModelRunner
+
+    runner = WorldModelRunner(path, joint_names, dt_s, analytic=analytic)
     n = len(runner.joint_names)
     q, zero = np.zeros(n), np.zeros(n)
-    for _ in range(rounds):
+    for _ in range(3):
         runner.predict(q, zero, zero, commit=False)
         if analytic:
             runner.linearize_with_std(q, zero, zero)
+    return runner
 
 
-def _lower_this_thread(nice: int = 10) -> None:
-    """Give the calling thread the lowest claim on the CPU of this process's threads: the normal
-    scheduler (it inherits SCHED_FIFO from a real-time control thread) at ``nice``. Where the OS says
-    no, nothing changes."""
-    import os
+@contextmanager
+def loader_scheduling():
+    """Run the body (on the loader thread) just below the control thread, handing the interpreter lock
+    back every 0.5 ms instead of every 5 ms so that a period waits at most that long for it."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_S))
+    try:
+        below_the_control_thread()
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
+
+def below_the_control_thread() -> str:
+    """Schedule the calling thread, started by the control thread, just below it; returns what it set.
+
+    The loader holds the interpreter lock in stretches (onnx parsing, graph building) and the control
+    thread then waits for it, so the loader must run whenever it holds the lock: a loader put below
+    other processes makes the control thread wait for whatever else the CPU runs (priority inversion; at
+    nice 10 among busy processes it held a SCHED_FIFO control thread up to 96 ms,
+    ``bench/bench_swap_load.py``). Under SCHED_FIFO/RR the thread runs one priority lower (before every
+    normal process, after the control threads and the arm); under the normal scheduler it keeps the
+    control thread's priority. Where the OS says no, nothing changes."""
     tid = threading.get_native_id()
     try:
-        if hasattr(os, "sched_setscheduler") and os.sched_getscheduler(tid) != os.SCHED_OTHER:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        os.setpriority(os.PRIO_PROCESS, tid, nice)  # on Linux a thread id sets that thread's nice value
-    except (OSError, AttributeError):
-        pass
+        policy = os.sched_getscheduler(tid)
+        if policy not in (os.SCHED_FIFO, os.SCHED_RR):
+            return f"normal scheduler, nice {os.getpriority(os.PRIO_PROCESS, tid)} (as the control thread)"
+        priority = max(os.sched_getparam(tid).sched_priority - 1, 1)
+        os.sched_setscheduler(tid, policy, os.sched_param(priority))
+        return f"{'SCHED_FIFO' if policy == os.SCHED_FIFO else 'SCHED_RR'} {priority}"
+    except (OSError, AttributeError) as exc:
+        return f"unchanged ({exc})"

@@ -51,6 +51,7 @@ from robot_wm.core.safety import (
 )
 from robot_wm.msg import SafetyStatus, TrustState
 from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
+from robot_wm.nodes.model_swap import retire
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
 
@@ -365,6 +366,7 @@ class SafetyFilterNode(ControlNode):
         if self._swap is not None and self.controller.model is not None:  # loaded off this thread: swapped between periods
             swapped = self._swap.take(self.controller.model)
             if swapped is not None:
+                retire(self.controller.model)  # freed off this thread
                 self.controller.model = swapped
         try:
             out = self.controller.step(time.monotonic(), joint=self._joint_sample(), nominal=self._nominal,

@@ -30,6 +30,7 @@ from robot_wm.contracts import N_JOINTS, STATE_LAYOUT
 from robot_wm.msg import WorldModelPrediction
 from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 from robot_wm.nodes.conversions import InputError, vector
+from robot_wm.nodes.model_swap import retire
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 
@@ -122,7 +123,10 @@ class WorldModelNode(ControlNode):
             swapped = self._swap.take(self.runner)
             if swapped is not None:
                 if self.shadow_s > 0:  # the replaced model predicts beside it for a while: the rollback's reference
+                    retire(self._shadow[0] if self._shadow is not None else None)  # freed off this thread
                     self._shadow = (self.runner, time.monotonic() + self.shadow_s)
+                else:
+                    retire(self.runner)
                 self.runner = swapped
         pred = self.runner.predict(q, qdot, command)
         msg = WorldModelPrediction(joint_names=self.joint_names, model_version=self.runner.version, horizon_steps=1,
@@ -150,12 +154,14 @@ class WorldModelNode(ControlNode):
         """The replaced world model's prediction of the same period, while its shadow time lasts."""
         runner, until = self._shadow
         if time.monotonic() > until:
+            retire(runner)  # freed off this thread
             self._shadow = None
             return
         try:
             pred = runner.predict(q, qdot, command)
         except Exception as exc:  # noqa: BLE001 (the shadow is advice: it ends, the node goes on)
             self.get_logger().warning(f"shadow prediction of {runner.version} ended: {exc}")
+            retire(runner)
             self._shadow = None
             return
         msg = WorldModelPrediction(joint_names=self.joint_names, model_version=runner.version, horizon_steps=1,

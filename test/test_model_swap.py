@@ -1,0 +1,98 @@
+"""The hot swap's loader thread (robot_wm/nodes/model_swap.py) and the control thread.
+
+The loader shares the interpreter lock with the control thread, so it must run whenever it holds it:
+scheduled below other processes (the first version: nice 10) it kept a SCHED_FIFO control thread waiting
+up to 96 ms behind busy processes (priority inversion; ``bench/bench_swap_load.py`` measures it). It
+runs just below the control thread instead, and the control thread's callback never waits for a load.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import wait_for
+
+CHILD = """
+import os, sys, threading
+from robot_wm.nodes.model_swap import below_the_control_thread
+fifo = sys.argv[1]
+if fifo != "normal":
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(fifo)))
+seen = {}
+def loader():
+    seen["text"] = below_the_control_thread()
+    tid = threading.get_native_id()
+    seen["policy"] = os.sched_getscheduler(tid)
+    seen["priority"] = os.sched_getparam(tid).sched_priority
+    seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
+t = threading.Thread(target=loader); t.start(); t.join()
+main = threading.get_native_id()
+print(seen["policy"] == os.SCHED_FIFO, seen["priority"], seen["nice"], os.sched_getparam(main).sched_priority, "|", seen["text"])
+"""
+
+
+def _child(arg: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", CHILD, arg], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setscheduler") or os.geteuid() != 0,
+                    reason="SCHED_FIFO needs the right to raise priorities (root here)")
+def test_the_loader_runs_one_realtime_priority_below_the_control_thread():
+    """In child processes (this one stays on the normal scheduler)."""
+    fifo, prio, nice, main_prio, *_ = _child("50")
+    assert (fifo, prio, main_prio) == ("True", "49", "50")  # still real-time: before every normal process
+    fifo, prio, *_ = _child("1")
+    assert (fifo, prio) == ("True", "1")  # there is nothing lower on SCHED_FIFO
+
+
+def test_under_the_normal_scheduler_the_loader_keeps_the_control_threads_nice_value():
+    fifo, prio, nice, *rest = _child("normal")
+    assert (fifo, nice) == ("False", "0"), rest  # not nice 10: it would wait behind every busy process
+    assert "as the control thread" in " ".join(rest)
+
+
+def test_an_announcement_during_a_load_never_waits_on_the_callback_thread_and_loads_in_order(ros_context):
+    """The second announcement arrives while the first is still loading: the callback (the control
+    thread in the composed process) returns at once, and the second model is loaded after the first."""
+    from rclpy.node import Node
+
+    from robot_wm.msg import ModelUpdate
+    from robot_wm.nodes.model_swap import WorldModelSwap
+
+    node = Node("swap_order_test", context=ros_context)
+    try:
+        swap = WorldModelSwap(node, "reach", ["j1"], 0.01, analytic=False)
+        release, order = threading.Event(), []
+
+        def build(msg) -> None:  # stands for loading a model: the first blocks until released
+            if msg.set_version == "first":
+                assert release.wait(10.0)
+            order.append(msg.set_version)
+
+        swap._build = build
+
+        def update(version: str) -> ModelUpdate:
+            msg = ModelUpdate(task="reach", model_kind="world_model", action="activate", accepted=True,
+                              set_version=version)
+            msg.header.stamp = node.get_clock().now().to_msg()
+            return msg
+
+        swap._on_update(update("first"))
+        assert wait_for(lambda: swap._loading is not None and swap._loading.is_alive(), 5.0)
+        returned = threading.Event()
+        callback = threading.Thread(target=lambda: (swap._on_update(update("second")), returned.set()), daemon=True)
+        callback.start()
+        assert wait_for(returned.is_set, 5.0), "the callback waited for the model being loaded"
+        assert order == []
+        release.set()
+        assert wait_for(lambda: order == ["first", "second"], 10.0), order
+    finally:
+        release.set()
+        node.destroy_node()
+
