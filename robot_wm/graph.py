@@ -236,6 +236,8 @@ def plan(
             params["task"] = task
         if spec.name in (WORLD_MODEL, SAFETY_FILTER, LEARNER):  # the task's active world model: the same file
             params["task"] = task
+        if spec.name == LEARNER:  # never real-time: its training would take the control path's CPU (it runs at nice)
+            params.pop("realtime_priority", None)
         params.update(_ARM_STACK_PARAMETERS.get(hardware, {}).get(spec.name, {}))
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware in PYTHON_ARMS else _PHASE_REAL

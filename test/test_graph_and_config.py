@@ -202,3 +202,15 @@ def test_a_task_without_a_shipped_policy_runs_the_scripted_baseline(capsys, monk
     assert "no learned track policy is shipped" in capsys.readouterr().out
     by_name = {s.name: s for s in graph.plan("mujoco", task="track", overrides=graph.policy_overrides("track"))}
     assert "policy:scripted:=true" in command_for(by_name["policy"], python="python")
+
+
+def test_realtime_priority_reaches_the_arm_and_control_processes_but_never_the_learner():
+    """`robot-wm up --realtime-priority 50 --learn`: the learner's torch training at SCHED_FIFO ran level
+    with the control threads (a bench_online run showed a 56 ms command gap while it exported a model)."""
+    for composed in (False, True):
+        by_name = {s.name: s for s in graph.plan("mujoco", overrides={"realtime_priority": 50}, learn=True,
+                                                   composed=composed)}
+        assert "realtime_priority" not in by_name["adaptation"].parameters
+        control = "control_stack" if composed else "safety_filter"
+        assert by_name[control].parameters["realtime_priority"] == 50
+        assert by_name["arm_sim"].parameters["realtime_priority"] == 50

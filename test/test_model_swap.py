@@ -96,3 +96,22 @@ def test_an_announcement_during_a_load_never_waits_on_the_callback_thread_and_lo
         release.set()
         node.destroy_node()
 
+
+def test_the_learner_node_refuses_a_realtime_priority():
+    """However it gets one (a launch file of the integrator's, a parameter file), the learner keeps the
+    normal scheduler: its training at SCHED_FIFO would run level with the control threads."""
+    import rclpy
+    from rclpy.context import Context
+
+    from robot_wm.nodes.adaptation_node import AdaptationNode
+
+    context = Context()
+    rclpy.init(args=["--ros-args", "-p", "realtime_priority:=50", "-p", "autostart:=false"], context=context)
+    try:
+        node = AdaptationNode(context=context)
+        try:
+            assert node.realtime_priority == 0
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)

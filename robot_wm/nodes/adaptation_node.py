@@ -52,6 +52,11 @@ class AdaptationNode(ControlNode):
         super().__init__(node_name, context=context)
         from robot_wm.learning.online import LearnerConfig
 
+        if self.realtime_priority:  # at SCHED_FIFO its training would run level with the control threads
+            self.get_logger().warning(f"realtime_priority {self.realtime_priority} ignored: the learner never runs "
+                                      "real-time (it must not take the control path's CPU; it runs at nice)")
+            self.realtime_priority = 0
+
         d = LearnerConfig()
         self.task = declare(self, "task", "reach", "the task whose active model set is adapted (reach, track)",
                             read_only=True)
