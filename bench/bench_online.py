@@ -16,7 +16,7 @@ Reported (a table, a PNG, and ONE JSON object on the last line):
 * time from the jump until the rolling median is back within ``--recovery-factor`` (1.2) x the level
   before the jump (target: 60 s, aim 30 s);
 * missed control periods (command intervals > 1.5 periods, by the commands' DDS source times)
-  within 1 s of each swap, and elsewhere;
+  within 1 s of each swap (the announcement's stamp), and elsewhere; each one near a swap, when;
 * the learner's attempts (accepted, rejected, time and CPU per attempt), its process's CPU (% of a
   core) and memory (RSS, PSS);
 * the reaching task's goals reached before and after the jump (from the goal sequencer's episodes).
@@ -41,6 +41,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PERIOD_S = 0.01
+
+
+def _stamp_s(msg) -> float:
+    return msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
 
 
 class Observer:
@@ -75,7 +79,10 @@ class Observer:
         n.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._on_prediction, qos)
         n.create_subscription(JointState, "/joint_states", self._on_state, qos)
         n.create_subscription(Float64MultiArray, "/forward_velocity_controller/commands", self._on_command, qos)
-        n.create_subscription(ModelUpdate, "/robot_wm/model_update", lambda m: self.updates.append((time.time(), m)), qos)
+        # an update's moment: its stamp (when the learner or the monitor announced it; this observer runs
+        # at the normal scheduler and may hear it tens of ms later on a busy machine)
+        n.create_subscription(ModelUpdate, "/robot_wm/model_update",
+                              lambda m: self.updates.append((_stamp_s(m) or time.time(), m)), qos)
         n.create_subscription(EpisodeResult, "/robot_wm/episodes", lambda m: self.episodes.append((time.time(), m.success)),
                               qos)
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, qos)
@@ -335,6 +342,11 @@ def analyse(t, err, ver, commands, updates, episodes, t0, t_jump, args) -> dict[
     miss = gaps > 1.5 * PERIOD_S
     out["missed_periods_within_1s_of_swaps"] = {"missed": int(np.sum(miss & near)), "periods": int(np.sum(near))}
     out["missed_periods_elsewhere"] = {"missed": int(np.sum(miss & ~near)), "periods": int(np.sum(~near))}
+    # each missed period near a swap: when, from the nearest swap's announcement (s), and the interval (ms)
+    moments = np.array([tw for tw, action, _, accepted, _ in swaps if action in ("activate", "rollback") and accepted])
+    out["missed_near_swaps"] = [
+        {"from_swap_s": round(float(mid[i] - moments[np.argmin(np.abs(moments - mid[i]))]), 3),
+         "interval_ms": round(float(gaps[i]) * 1e3, 1)} for i in np.flatnonzero(miss & near)]
     out["swaps"] = sum(1 for s in swaps if s[1] in ("activate", "rollback") and s[3])
     out["goals"] = {"before_jump": [sum(1 for tw, ok in episodes if tw < t_jump and ok), sum(1 for tw, _ in episodes if tw < t_jump)],
                     "after_jump": [sum(1 for tw, ok in episodes if tw >= t_jump and ok), sum(1 for tw, _ in episodes if tw >= t_jump)]}
