@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,20 @@ sys.path.insert(0, str(ROOT))
 PERIOD_S = 0.01
 
 
-def _old_loader_scheduling() -> None:
-    """The first version: the loader thread at the normal scheduler and nice 10."""
+@contextmanager
+def _old_loader_scheduling():
+    """The first version: the loader thread at the normal scheduler and nice 10 (and the same 0.5 ms
+    switch interval)."""
     tid = threading.get_native_id()
     if os.sched_getscheduler(tid) != os.SCHED_OTHER:
         os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
     os.setpriority(os.PRIO_PROCESS, tid, 10)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def run_once(variant: str, seconds: float, priority: int) -> dict:
@@ -75,23 +84,11 @@ def run_once(variant: str, seconds: float, priority: int) -> dict:
     loads = [0]
 
     def loader() -> None:
-        interval = sys.getswitchinterval()
-        if variant == "below":
-            with loader_scheduling():
-                while not stop.is_set():
-                    load_runner(wm_path, hp.names, PERIOD_S, True)
-                    loads[0] += 1
-                    stop.wait(0.1)
-        else:
-            _old_loader_scheduling()
-            sys.setswitchinterval(0.0005)
-            try:
-                while not stop.is_set():
-                    load_runner(wm_path, hp.names, PERIOD_S, True)
-                    loads[0] += 1
-                    stop.wait(0.1)
-            finally:
-                sys.setswitchinterval(interval)
+        with loader_scheduling() if variant == "below" else _old_loader_scheduling():
+            while not stop.is_set():
+                load_runner(wm_path, hp.names, PERIOD_S, True)
+                loads[0] += 1
+                stop.wait(0.1)
 
     thread = threading.Thread(target=loader, daemon=True) if variant != "none" else None
     ends, starts = [], []
