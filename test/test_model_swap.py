@@ -115,3 +115,36 @@ def test_the_learner_node_refuses_a_realtime_priority():
             node.destroy_node()
     finally:
         rclpy.shutdown(context=context)
+
+
+def test_overlapping_loads_put_the_switch_interval_back_when_the_last_one_ends():
+    """The filter's and the world model's loaders share the process's switch interval: with each one
+    saving and restoring it, the first to end set 5 ms while the other still loaded, and the last left
+    0.5 ms for good."""
+    from robot_wm.nodes.model_swap import _SWITCH_INTERVAL_S, loader_scheduling
+
+    before = sys.getswitchinterval()
+    first_in, second_in, first_may_end = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first() -> None:
+        with loader_scheduling():
+            first_in.set()
+            assert first_may_end.wait(10.0)
+
+    def second() -> None:
+        assert first_in.wait(10.0)
+        with loader_scheduling():
+            second_in.set()
+            t.join(10.0)  # the first load ends while this one runs
+            seen["after_first_ended"] = sys.getswitchinterval()
+
+    t = threading.Thread(target=first)
+    u = threading.Thread(target=second)
+    t.start()
+    u.start()
+    assert second_in.wait(10.0)
+    first_may_end.set()
+    u.join(10.0)
+    assert seen["after_first_ended"] == pytest.approx(min(before, _SWITCH_INTERVAL_S))
+    assert sys.getswitchinterval() == pytest.approx(before)

@@ -129,8 +129,8 @@ def retire(runner, after_s: float = _RETIRE_AFTER_S) -> None:
 
 def _release_later(box: list, after_s: float) -> None:
     threading.Event().wait(after_s)
-    with loader_scheduling():
-        box.clear()
+    below_the_control_thread()
+    box.clear()
 
 
 def load_runner(path, joint_names, dt_s: float, analytic: bool):
@@ -152,17 +152,30 @@ def load_runner(path, joint_names, dt_s: float, analytic: bool):
     return runner
 
 
+_interval_lock = threading.Lock()
+_interval_users = 0  # loader threads inside loader_scheduling (the filter's and the world model's may overlap)
+_interval_before = 0.0  # the switch interval before the first of them
+
+
 @contextmanager
 def loader_scheduling():
     """Run the body (on the loader thread) just below the control thread, handing the interpreter lock
-    back every 0.5 ms instead of every 5 ms so that a period waits at most that long for it."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_S))
+    back every 0.5 ms instead of every 5 ms so that a period waits at most that long for it. The switch
+    interval is the process's: loads that overlap share it, and the last one out puts it back."""
+    global _interval_users, _interval_before
+    with _interval_lock:
+        if _interval_users == 0:
+            _interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(_interval_before, _SWITCH_INTERVAL_S))
+        _interval_users += 1
     try:
         below_the_control_thread()
         yield
     finally:
-        sys.setswitchinterval(interval)
+        with _interval_lock:
+            _interval_users -= 1
+            if _interval_users == 0:
+                sys.setswitchinterval(_interval_before)
 
 
 def below_the_control_thread() -> str:
