@@ -17,6 +17,10 @@ so that nothing downstream can tell a driver from a ros2_control arm:
 - ``~/reset`` (``std_srvs/Trigger``): the driver's :meth:`~ArmDriver.reset`, and a latched fault cleared;
 - an exception from the driver's own methods never ends the node: it is logged, reported as ERROR,
   the arm is brought to rest and commands are refused until ``~/reset``;
+- a publish the middleware refuses (Fast DDS on a loaded machine: "cannot publish data") is a
+  transport fault, not the arm's: it is counted, logged and reported as WARN, never latched. The
+  arm is fine; a consumer that misses states stops commanding, which the command timeout turns into
+  rest. Drivers publish what else they measure with :meth:`~ArmDriver.publish_measurement`;
 - the arm is brought to rest when the node shuts down.
 
 A driver subclasses :class:`ArmDriver` and implements :meth:`~ArmDriver.read_state`,
@@ -35,6 +39,7 @@ from typing import Any
 import numpy as np
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy._rclpy_pybind11 import RCLError  # what rclpy raises when rcl_publish fails
 from rclpy.context import Context
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -50,6 +55,7 @@ from robot_wm.realtime import PRIORITY_RANGE
 _DIAG_LEVEL = {DriverState.RUNNING: DiagnosticStatus.OK, DriverState.TIMED_OUT: DiagnosticStatus.WARN,
                DriverState.FAULT: DiagnosticStatus.ERROR}
 _REFUSAL_LOG_PERIOD_S = 1.0  # a stream of bad commands logs each kind of refusal once a second
+_PUBLISH_WARN_S = 5.0  # a failed publish keeps /diagnostics at WARN this long
 
 
 _REQUIRED = ("read_state", "write_velocity", "bring_to_rest")  # what every driver implements
@@ -106,6 +112,8 @@ class ArmDriver(Node):
         self.fault: str | None = None  # the first exception of the driver's own methods, until ~/reset
         self.rejected = 0  # commands refused (malformed, beyond the limits, or during a fault)
         self._refusal_logged_s: dict[Refusal, float] = {}
+        self.failed_publishes = 0  # publishes the middleware refused (never a fault: see publish_measurement)
+        self._last_failed_publish: tuple[float, str, str] | None = None  # (monotonic s, topic, error)
         self._timeout = CommandTimeout(self.command_timeout_s)
         self._last_tick_s = time.monotonic()
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
@@ -159,6 +167,31 @@ class ArmDriver(Node):
     def diagnostic_values(self) -> list[tuple[str, str]]:
         """Extra (key, value) pairs for /diagnostics."""
         return []
+
+    def publish_measurement(self, publisher: Any, msg: Any) -> bool:
+        """Publish ``msg``; False when the middleware refused it.
+
+        A refused publish (rcl's "cannot publish data": Fast DDS when a reliable reader falls behind
+        on a loaded machine, after ``max_blocking_time``) is counted, logged once a second and
+        reported as WARN on /diagnostics for a few seconds; it is not a driver fault and latches
+        nothing. Any other exception (a wrong message type) is the driver's own and is raised.
+        """
+        try:
+            publisher.publish(msg)
+            return True
+        except RCLError as exc:
+            self.failed_publishes += 1
+            error = str(exc).split(",")[0]  # "Failed to publish: cannot publish data" without the source lines
+            self._last_failed_publish = (time.monotonic(), publisher.topic_name, error)
+            self.get_logger().warning(f"publish on {publisher.topic_name} failed ({error}); "
+                                      f"{self.failed_publishes} so far, the arm carries on", throttle_duration_sec=1.0)
+            return False
+
+    def _publish_warning(self) -> str | None:
+        if self._last_failed_publish is None or time.monotonic() - self._last_failed_publish[0] > _PUBLISH_WARN_S:
+            return None
+        _, topic, error = self._last_failed_publish
+        return f"{self.failed_publishes} publishes refused by the middleware (last on {topic}: {error})"
 
     # ------------------------------------------------------------------ the contract
     @property
@@ -220,7 +253,7 @@ class ArmDriver(Node):
         msg.position = np.asarray(position, dtype=float).tolist()
         msg.velocity = np.asarray(velocity, dtype=float).tolist()
         msg.effort = [] if effort is None else np.asarray(effort, dtype=float).tolist()
-        self._state_pub.publish(msg)
+        self.publish_measurement(self._state_pub, msg)
         self._guarded("publish_extras", self.publish_extras, stamp)
 
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
@@ -238,18 +271,20 @@ class ArmDriver(Node):
     def _publish_diagnostics(self) -> None:
         state = self.state
         extra = self._guarded("diagnostic_values", self.diagnostic_values) or []
-        warning = self._guarded("warning", self.warning) if state == DriverState.RUNNING else None
+        warning = (self._guarded("warning", self.warning) or self._publish_warning()
+                   if state == DriverState.RUNNING else None)
         state = self.state  # a failing hook above is a fault too
         status = DiagnosticStatus(name=f"robot_wm/{self.get_name()}", hardware_id=self.hardware_id)
         status.level = DiagnosticStatus.WARN if (warning and state == DriverState.RUNNING) else _DIAG_LEVEL[state]
         status.message = {DriverState.FAULT: f"{STATE_TEXT[state]}: {self.fault} (call ~/reset)"}.get(
             state, warning or STATE_TEXT[state])
         pairs = [("state", state.name), ("rejected_commands", str(self.rejected)),
-                 ("command_timeout_s", f"{self.command_timeout_s:g}"), ("publish_rate_hz", f"{self.rate_hz:g}")]
+                 ("command_timeout_s", f"{self.command_timeout_s:g}"), ("publish_rate_hz", f"{self.rate_hz:g}"),
+                 ("failed_publishes", str(self.failed_publishes))]
         status.values = [KeyValue(key=k, value=v) for k, v in pairs + list(extra)]
         msg = DiagnosticArray(status=[status])
         msg.header.stamp = self.get_clock().now().to_msg()
-        self._diag_pub.publish(msg)
+        self.publish_measurement(self._diag_pub, msg)
 
     def before_shutdown(self) -> None:
         """Called by the runner before the node is destroyed: the arm is left at rest."""

@@ -4,11 +4,17 @@
 - ``faulty``: write_velocity raises when a joint is commanded above 0.25 rad/s (a drive bus error);
   read_state raises while the elbow is commanded (an encoder error; the base's stop ends it);
 - ``no_timeout``: the command timeout does nothing, the arm keeps its last command (what
-  ``robot-wm doctor --driver`` must catch).
+  ``robot-wm doctor --driver`` must catch);
+- ``lossy_link``: while the elbow is commanded the middleware refuses every other joint state and
+  every wrench (rclpy's RCLError "cannot publish data", as Fast DDS raises on a loaded machine).
 """
 from __future__ import annotations
 
+import itertools
 import sys
+
+from geometry_msgs.msg import WrenchStamped
+from rclpy._rclpy_pybind11 import RCLError
 
 from robot_wm.nodes.example_arm import ExampleArmNode
 from robot_wm.nodes.runner import main_for
@@ -37,6 +43,34 @@ class NoTimeoutArm(ExampleArmNode):
         """Broken on purpose: keeps moving on the last command."""
 
 
+class RefusingPublisher:
+    """A publisher whose middleware refuses to publish while ``refusing()`` is true."""
+
+    def __init__(self, publisher, refusing) -> None:
+        self.publisher, self.refusing = publisher, refusing
+        self.topic_name = publisher.topic_name
+
+    def publish(self, msg) -> None:
+        if self.refusing():
+            raise RCLError("Failed to publish: cannot publish data, at ./src/rmw_publish.cpp:68, "
+                           "at ./src/rcl/publisher.c:284")
+        self.publisher.publish(msg)
+
+
+class LossyLinkArm(ExampleArmNode):
+    def __init__(self, context=None) -> None:
+        super().__init__(context=context, node_name="lossy_arm")
+        every_other = itertools.cycle([True, False])
+        self._state_pub = RefusingPublisher(self._state_pub, lambda: self.target[2] != 0.0 and next(every_other))
+        self._wrench_pub = RefusingPublisher(self.create_publisher(WrenchStamped, "~/wrench", 10),
+                                             lambda: self.target[2] != 0.0)
+
+    def publish_extras(self, stamp) -> None:
+        wrench = WrenchStamped()
+        wrench.header.stamp = stamp
+        self.publish_measurement(self._wrench_pub, wrench)
+
+
 if __name__ == "__main__":
     kind = sys.argv.pop(1)
-    main_for({"faulty": FaultyArm, "no_timeout": NoTimeoutArm}[kind])()
+    main_for({"faulty": FaultyArm, "no_timeout": NoTimeoutArm, "lossy_link": LossyLinkArm}[kind])()

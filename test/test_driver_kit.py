@@ -195,6 +195,32 @@ def test_exceptions_in_the_driver_never_end_the_node_latch_a_fault_and_reset_cle
     assert proc.stop() == 0
 
 
+@pytest.mark.ros
+def test_publishes_the_middleware_refuses_are_reported_never_latched(spawn, ros_context):
+    """A loaded fresh-clone CI run saw Fast DDS refuse the embedded arm's wrench publishes ("cannot
+    publish data") and the arm latched a driver fault: the stack never moved. The arm is fine when
+    its link is slow; a refused publish is counted and reported, and the arm keeps obeying."""
+    proc, client, diags = _start(spawn, ros_context, [PYTHON, str(REPO / "test" / "faulty_driver.py"), "lossy_link",
+                                                      "--ros-args", "-r", "__node:=lossy_arm"])
+    try:
+        assert client.wait_for_state(30.0), proc.output()
+        t0 = time.monotonic()
+        client.command_for([0, 0, 0.2, 0, 0, 0], 1.0)  # while the elbow moves: half the states, no wrench
+        moving = [s[2][2] for s in client.states_since(t0 + 0.3)]
+        assert moving and np.mean(moving) > 0.15, proc.output()  # commands obeyed: no fault latched
+        assert wait_for(lambda: diags.says("robot_wm/lossy_arm", 1, "publishes refused by the middleware"), 5.0), \
+            diags.seen[-1:]
+        values = {kv.key: kv.value for kv in diags.last("robot_wm/lossy_arm").values}
+        assert values["state"] != "FAULT" and int(values["failed_publishes"]) > 100, values
+        t1 = time.monotonic()
+        client.command_for([0.2, 0, 0, 0, 0, 0], 0.5)  # a link back to normal: every state again
+        assert np.mean([s[2][0] for s in client.states_since(t1 + 0.2)]) > 0.15
+        assert "driver fault" not in proc.output() and "cannot publish data" in proc.output()
+    finally:
+        client.close()
+    assert proc.stop() == 0 and "Traceback" not in proc.output()
+
+
 # ---------------------------------------------------------------- robot-wm doctor --driver
 @pytest.mark.ros
 def test_doctor_passes_the_example_driver_and_catches_a_driver_without_a_timeout(spawn, ros_context):

@@ -113,12 +113,12 @@ class ArmSimNode(ArmDriver):
         wrench.header.frame_id = self.ft_frame
         wrench.wrench.force.x, wrench.wrench.force.y, wrench.wrench.force.z = (float(v) for v in force_n)
         wrench.wrench.torque.x, wrench.wrench.torque.y, wrench.wrench.torque.z = (float(v) for v in torque_nm)
-        self._wrench_pub.publish(wrench)
+        self.publish_measurement(self._wrench_pub, wrench)
         if self._clock_pub is not None:
             clock = Clock()
             sim_ns = int(round(self.sim.time_s * 1e9))
             clock.clock.sec, clock.clock.nanosec = divmod(sim_ns, 1_000_000_000)
-            self._clock_pub.publish(clock)
+            self.publish_measurement(self._clock_pub, clock)
 
     def reset(self) -> str:
         self.sim.reset()
