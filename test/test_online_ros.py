@@ -50,6 +50,7 @@ class Watcher:
         self.predictions: list[tuple[float, str]] = []  # (stamp_s, model_version)
         self.commands: list[int] = []  # source timestamps, ns
         self.filter_diag: dict[str, str] = {}
+        self.trust_diag: dict[str, str] = {}
         self.updates: list = []
         reliable = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
         node = client.node
@@ -74,6 +75,8 @@ class Watcher:
         for status in msg.status:
             if status.name == "robot_wm/safety_filter":
                 self.filter_diag = {kv.key: kv.value for kv in status.values}
+            elif status.name == "robot_wm/trust_monitor":
+                self.trust_diag = {kv.key: kv.value for kv in status.values}
 
     def version(self) -> str | None:
         with self.lock:
@@ -90,9 +93,10 @@ class Watcher:
         return np.diff(t)
 
 
-def _start(spawn, ros_context, extra_env: dict[str, str], learn: bool = False, composed: bool = True):
+def _start(spawn, ros_context, extra_env: dict[str, str], learn: bool = False, composed: bool = True,
+           extra_args: dict[str, list[str]] | None = None):
     specs = [s for s in graph.plan("mujoco", enable=True, composed=composed, learn=learn) if not s.needs_ros_install]
-    procs = {s.name: spawn(command_for(s), extra_env) for s in specs}
+    procs = {s.name: spawn(command_for(s) + (extra_args or {}).get(s.name, []), extra_env) for s in specs}
     client = ArmClient(ros_context, start=False)
     watcher = Watcher(client)
     client.start()
@@ -103,8 +107,11 @@ def _logs(procs) -> str:
     return "\n".join(f"--- {name}\n{p.output()[-2000:]}" for name, p in procs.items())
 
 
-def _variant(registry, tmp_path, name: str, change=None, activate: bool = True):
-    """A new set of the active world model's weights (changed by ``change``), registered (and activated)."""
+def _variant(registry, tmp_path, name: str, change=None, activate: bool = True, exceedance: float | None = None):
+    """A new set of the active world model's weights (changed by ``change``), registered (and activated);
+    ``exceedance``: its re-issued trust calibrations say they were taken at this one."""
+    import json
+
     import torch
 
     from robot_wm.learning.onnx_import import world_model_from_onnx
@@ -116,6 +123,8 @@ def _variant(registry, tmp_path, name: str, change=None, activate: bool = True):
         with torch.no_grad():
             change(model)
     set_dir = export_candidate_set(model, active, tmp_path / name, f"wm-test-{name}-{{onnx_sha8}}", {"test": name})
+    for cal in (set_dir / "trust").glob("*.json") if exceedance is not None else ():
+        cal.write_text(json.dumps({**json.loads(cal.read_text()), "exceedance": exceedance}))
     info = registry.add(set_dir, "reach", parent=active.version, lineage={"command": f"test {name}"},
                         activate=activate)
     return info
@@ -205,6 +214,38 @@ def test_a_stale_or_tampered_announcement_is_refused_and_the_current_model_stays
         assert watcher.filter_diag.get("world_model_swaps") == "0"
         assert wait_for(lambda: client.statuses[-1].state in (0, 1) and not client.statuses[-1].latches, 5.0), \
             client.statuses[-1]
+        assert all(p.process.poll() is None for p in procs.values()), _logs(procs)
+    finally:
+        client.close()
+
+
+def test_an_inherited_calibration_is_refreshed_on_the_new_models_normal_operation(spawn, ros_context, registry,
+                                                                                tmp_path):
+    """The learner's set carries its parent's thresholds, re-issued; the trust monitor measures the new
+    model's own on its normal periods and judges with them. (The set's calibration says exceedance
+    0.02, so 49 periods suffice; the monitor collects 1.5 s: config/trust.yaml's 1e-4 needs 100 s.)"""
+    env = {"ROBOT_WM_MODELS_DIR": os.environ["ROBOT_WM_MODELS_DIR"]}
+    procs, client, watcher = _start(spawn, ros_context, env,
+                                    extra_args={"trust_monitor": ["-p", "trust_monitor:refresh_seconds:=1.5"]})
+    try:
+        assert wait_for(lambda: _moving(watcher, client), 90.0), _logs(procs)
+        assert wait_for(lambda: "calibration_prediction_error" in watcher.trust_diag, 30.0), watcher.trust_diag
+        parent = dict(watcher.trust_diag)
+        assert "calibration_refresh" not in parent  # the shipped calibration is the parent's own
+
+        child = _variant(registry, tmp_path, "same", exceedance=0.02)  # the same weights: the same normal errors
+        version = _announce(watcher, registry, child)
+        assert wait_for(lambda: watcher.trust_diag.get("calibration_model_version") == version, 30.0), _logs(procs)
+        assert wait_for(lambda: watcher.trust_diag.get("calibration_source", "").startswith("refreshed on 150 live "
+                                                                                          "periods"), 60.0), \
+            (watcher.trust_diag, _logs(procs))
+        diag = watcher.trust_diag
+        assert "inherited from" in diag["calibration_source"] and "calibration_refresh" not in diag
+        for name, floor in (("prediction_error", 0.3), ("disagreement", 0.15)):  # config/trust.yaml's floors
+            assert floor <= float(diag[f"calibration_{name}"]) <= 1.5 * float(parent[f"calibration_{name}"]), diag
+        for name in ("intervention", "effort_error"):  # the arm did not change with the model
+            assert diag[f"calibration_{name}"] == parent[f"calibration_{name}"], (diag, parent)
+        assert "trust calibration refreshed on 150 live periods" in procs["trust_monitor"].output()
         assert all(p.process.poll() is None for p in procs.values()), _logs(procs)
     finally:
         client.close()

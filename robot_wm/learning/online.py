@@ -505,6 +505,13 @@ class OnlineLearner:
             fh.write(json.dumps(att.as_json(), default=float) + "\n")
 
 
+#: the re-issued calibration's source; the trust monitor refreshes such a calibration on the new model's
+#: own normal operation (robot_wm.core.trust.refresh, whose INHERITED_PREFIX it starts with)
+INHERITED_SOURCE = ("inherited from {parent} ({source}) by online adaptation: the candidate passed the gate with "
+                    "calibrated intervals, so the normalized signals' thresholds carry over until the trust monitor "
+                    "refreshes them on the new model's normal operation")
+
+
 def export_candidate_set(model, active, set_dir: Path, version: str, lineage: dict[str, Any]) -> Path:
     """A model set to register: ``model`` (a torch ``WorldModel``) exported as its world model (``version``
     may hold ``{onnx_sha8}``), the ``active`` set's policy, and the active set's trust calibrations
@@ -525,9 +532,7 @@ def export_candidate_set(model, active, set_dir: Path, version: str, lineage: di
         shutil.copyfile(active.path / name, set_dir / name)
     for cal in active.calibrations:
         doc = json.loads(active.calibration_path(cal).read_text())
-        doc["source"] = (f"inherited from {doc.get('model_version')} ({doc.get('source')}) by online adaptation: the "
-                         "candidate passed the gate with calibrated intervals, so the normalized signals' thresholds "
-                         "carry over")
+        doc["source"] = INHERITED_SOURCE.format(parent=doc.get("model_version"), source=doc.get("source"))
         doc["model_version"] = side["version"]
         (set_dir / "trust").mkdir(exist_ok=True)
         (set_dir / "trust" / f"{cal}.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -80,9 +80,10 @@ class TrustMonitorNode(ControlNode):
                 ("stop_stale_s", "no prediction this long -> STOP (s)"),
                 ("clip_ratio", "samples enter their EWMA clipped to this multiple of the threshold"))},
         }
-        defaults = {"calibration_exceedance": 1e-4, "calibration_seconds": 600.0}
+        defaults = {"calibration_exceedance": 1e-4, "calibration_seconds": 600.0, "refresh_seconds": 600.0,
+                    "refresh_max_factor": 1.5}
         for name in ("calibration_exceedance", "calibration_seconds", "floor_prediction_error", "floor_disagreement",
-                     "floor_intervention", "floor_effort_error"):
+                     "floor_intervention", "floor_effort_error", "refresh_seconds", "refresh_max_factor"):
             self.params[name] = declare(self, name, defaults.get(name, 0.0), "calibration (config/trust.yaml)",
                                         read_only=True)
         self.calibrate_s = declare(self, "calibrate_s", 0.0, "record this many seconds of normal operation, then "
@@ -124,6 +125,7 @@ class TrustMonitorNode(ControlNode):
         self.tracker = None
         self.calibration = None
         self._recording = None  # calibrate_s > 0: what normal operation looked like (trust_eval.RunRecorder)
+        self._refresh = None  # core.trust.refresh.CalibrationRefresh: an inherited calibration being refreshed live
         self.problem = "not configured"  # why the monitor says STOP on its own (None: it judges)
         self._js: collections.deque = collections.deque(maxlen=64)  # (stamp_s, q, qd, effort or None)
         self._measured_stamp = -math.inf
@@ -239,6 +241,7 @@ class TrustMonitorNode(ControlNode):
             self.get_logger().info(f"trust calibration {path} (world model {self.calibration.model_version}, "
                                    f"{self.calibration.source}): thresholds "
                                    + ", ".join(f"{k} {v:.3g}" for k, v in self.calibration.thresholds.items()))
+            self._start_refresh()
         except (CalibrationError, EffortModelError) as exc:
             # still configured: it publishes STOP with this reason, so the filter holds the arm
             self.problem = f"no usable trust calibration: {exc}"
@@ -310,13 +313,48 @@ class TrustMonitorNode(ControlNode):
             return False
         from robot_wm.core.trust.settings import config_from_params
 
+        self._refresh = None  # a refresh is for the model it began with
         cal, where = calibration_for(self.task, self.profile, version)
         if cal is None:
             return False
         self.calibration = with_floors(cal, config_from_params(self.params)[1].floor_map())
         self.tracker.monitor.set_calibration(self.calibration)
         self.get_logger().warning(f"world model {version}: trust calibration {where} ({cal.source})")
+        self._start_refresh()
         return True
+
+    def _start_refresh(self) -> None:
+        """An inherited calibration (the parent's thresholds re-issued by the online learner) is
+        refreshed on the new model's own normal operation (core.trust.refresh)."""
+        from robot_wm.core.trust.refresh import CalibrationRefresh, is_inherited
+        from robot_wm.core.trust.settings import config_from_params
+
+        self._refresh = None
+        settings = config_from_params(self.params)[1]
+        if not is_inherited(self.calibration) or settings.refresh_seconds <= 0:
+            return
+        try:
+            self._refresh = CalibrationRefresh(self.calibration, settings.floor_map(), self.dt_s,
+                                               settings.refresh_seconds, settings.refresh_max_factor)
+        except ValueError as exc:
+            self.get_logger().error(f"calibration refresh off: {exc}; the inherited thresholds stay in force")
+            return
+        self.get_logger().info(f"world model {self.calibration.model_version}: inherited trust calibration; refreshing "
+                               f"it on {settings.refresh_seconds:g} s of normal operation (effort and interventions "
+                               "under their thresholds)")
+
+    def _refresh_step(self) -> None:
+        if self._model_version != self.calibration.model_version:
+            return
+        refreshed = self._refresh.update(self.tracker.monitor)
+        if refreshed is None:
+            return
+        before = self.calibration.thresholds
+        self.calibration, self._refresh = refreshed, None
+        self.tracker.monitor.set_calibration(refreshed)
+        self.get_logger().warning(
+            f"world model {refreshed.model_version}: trust calibration refreshed on {refreshed.periods} live periods: "
+            + ", ".join(f"{k} {before[k]:.3g} -> {v:.3g}" for k, v in refreshed.thresholds.items() if v != before[k]))
 
     def _on_status(self, msg: SafetyStatus) -> None:
         self._status = (time.monotonic(), int(msg.state))
@@ -493,6 +531,8 @@ class TrustMonitorNode(ControlNode):
         if self._recording is not None:
             self._record(sample[0], effort)
             return
+        if self._refresh is not None:
+            self._refresh_step()
         if self.phases is not None:
             self._phase_bookkeeping(self._out)
             if self.phase == 0 and not self.simulated_arm:

@@ -201,6 +201,14 @@ class TrustMonitor:
         return TrustOutput(self.level, evidence, 1.0 / (1.0 + worst * worst), math.nan if e is None else e,
                            self._th[Signal.PREDICTION_ERROR], ratios, self._reason(t_s))
 
+    def smoothed(self, sig: Signal) -> float | None:
+        """The signal's smoothed value (None before its first sample)."""
+        return self._ewma[sig].value
+
+    def ratio(self, sig: Signal) -> float:
+        """The smoothed signal over its threshold (0 for a signal the calibration does not judge)."""
+        return self._ratio(sig)
+
     # ------------------------------------------------------------------ pieces
     def _ratio(self, sig: Signal) -> float:
         v = self._ewma[sig].value

@@ -18,6 +18,8 @@ class CalibrationSettings:
     exceedance: float = 1e-4
     seconds: float = 600.0
     floors: tuple[tuple[str, float], ...] = ()
+    refresh_seconds: float = 600.0  # an inherited calibration is refreshed on this much live normal operation (0: never)
+    refresh_max_factor: float = 1.5  # a refreshed threshold stays at most this multiple of the inherited one
 
     def floor_map(self) -> dict[str, float]:
         return dict(self.floors)
@@ -46,7 +48,14 @@ def config_from_params(params: dict) -> tuple[TrustConfig, CalibrationSettings]:
     if seconds <= 0:
         raise ValueError(f"{SECTION}.calibration_seconds={seconds!r}: expected a positive duration (s)")
     floors = tuple((s.value, _number(params, f"floor_{s.value}", 0.0)) for s in SIGNALS)
-    return config, CalibrationSettings(exceedance, seconds, floors)
+    refresh_s = _number(params, "refresh_seconds", 600.0)
+    if refresh_s < 0:
+        raise ValueError(f"{SECTION}.refresh_seconds={refresh_s!r}: expected a duration >= 0 s (0: never refresh)")
+    refresh_factor = _number(params, "refresh_max_factor", 1.5)
+    if refresh_factor < 1.0:
+        raise ValueError(f"{SECTION}.refresh_max_factor={refresh_factor!r}: expected >= 1 (a refresh may tighten a "
+                         "threshold freely, loosen it at most by this factor)")
+    return config, CalibrationSettings(exceedance, seconds, floors, refresh_s, refresh_factor)
 
 
 PHASE_KEYS = ("min_minutes", "min_episodes", "min_success_rate", "min_mean_score", "anomaly_free_minutes",

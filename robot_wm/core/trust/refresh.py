@@ -1,0 +1,125 @@
+"""Refreshing an inherited calibration on the live arm after a world-model swap.
+
+The online learner registers each accepted candidate with its parent's trust calibration
+re-issued for it (``source`` "inherited from ..."): the candidate passed the gate with calibrated
+intervals, so the parent's thresholds are a sound start. They are the parent's, though: a better
+model leaves the monitor blunter than it needs to be, and one whose ensemble spreads differently
+can graze a threshold that was never its own. ``CalibrationRefresh`` measures the new model's own:
+
+- it collects the smoothed **world-model signals** (prediction error, ensemble disagreement) of
+  the running model in periods that the **model-free signals** call normal: the drives' effort and
+  the filter's interventions under their thresholds, no operator in control, no HUMAN latch, for
+  at least five of the world-model signals' smoothing time constants in a row (from the swap, and
+  after each abnormal period: their smoothing still carries what came before). The judges of
+  "normal" do not depend on the model being judged, so a model cannot vouch for itself;
+- after ``seconds`` of such periods (at least the ⌈1/α⌉ − 1 that the conformal quantile at the
+  calibration's exceedance α needs) each world-model threshold becomes the split-conformal quantile
+  of what was collected, kept between its floor and ``max_factor`` times the inherited threshold:
+  a refresh may tighten freely (the new model is better) and loosen only that much (a model worse
+  than its parent is the rollback's business, ``swap.SwapWatch``);
+- the model-free thresholds and the effort model are kept as they are (the arm did not change
+  with the model).
+
+The refreshed calibration is the monitor's from then on; a restart loads the inherited file again
+and refreshes again. numpy only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from robot_wm.core.trust.calibration import Calibration, conformal_quantile
+from robot_wm.core.trust.monitor import TrustMonitor
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust.signals import SIGNALS, Signal
+
+#: the signals a world model's swap changes (refreshed); the others judge whether a period is normal
+MODEL_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT)
+MODEL_FREE_SIGNALS = (Signal.EFFORT, Signal.INTERVENTION)
+#: ``Calibration.source`` of a calibration re-issued for a child model (robot_wm.learning.online)
+INHERITED_PREFIX = "inherited from"
+_SETTLE_TAUS = 5.0  # a smoothed signal forgets what came before in this many time constants (e^-5)
+
+
+def is_inherited(calibration: Calibration) -> bool:
+    """Whether ``calibration`` was re-issued from a parent model's (and so is worth refreshing)."""
+    return calibration.source.startswith(INHERITED_PREFIX)
+
+
+class CalibrationRefresh:
+    """Collects one model's world-model signals in normal periods; see the module docstring.
+
+    Args:
+        inherited: the calibration in force (the parent's thresholds, re-issued for this model).
+        floors: signal name -> the smallest threshold allowed (config/trust.yaml's floors).
+        dt_s: the monitor's period (s).
+        seconds: how much normal operation to collect (s).
+        max_factor: a refreshed threshold is at most this multiple of the inherited one (>= 1).
+    Raises:
+        ValueError: ``seconds`` gives fewer periods than the conformal quantile at the calibration's
+            exceedance needs, or a setting out of range (the message names it).
+    """
+
+    def __init__(self, inherited: Calibration, floors: dict[str, float], dt_s: float, seconds: float,
+                 max_factor: float) -> None:
+        if not (math.isfinite(dt_s) and dt_s > 0):
+            raise ValueError(f"refresh: dt_s={dt_s!r}: expected a positive period (s)")
+        if not (math.isfinite(max_factor) and max_factor >= 1.0):
+            raise ValueError(f"refresh_max_factor={max_factor!r}: expected >= 1")
+        need = math.ceil(1.0 / inherited.exceedance) - 1
+        self.periods = int(math.ceil(seconds / dt_s)) if math.isfinite(seconds) and seconds > 0 else 0
+        if self.periods < need:
+            raise ValueError(f"refresh_seconds={seconds!r}: {self.periods} periods of {dt_s:g} s, the conformal "
+                             f"quantile at exceedance {inherited.exceedance:g} needs at least {need} "
+                             f"({need * dt_s:g} s)")
+        self.inherited, self.floors, self.max_factor = inherited, dict(floors), float(max_factor)
+        self.dt_s = float(dt_s)
+        self._values = {sig: np.empty(self.periods) for sig in MODEL_SIGNALS}
+        self.collected = 0
+        self.skipped = 0  # periods the model-free signals did not call normal, and those settling after them
+        self._quiet = 0  # normal periods in a row
+
+    def update(self, monitor: TrustMonitor) -> Calibration | None:
+        """Take this period's smoothed signals from ``monitor`` (after its ``step``); return the
+        refreshed calibration once enough normal periods are in, else None."""
+        if self.collected >= self.periods:
+            return None
+        values = [monitor.smoothed(sig) for sig in MODEL_SIGNALS]
+        if any(v is None or not math.isfinite(v) for v in values):
+            return None
+        if (monitor.operator or monitor.level == TrustLevel.HUMAN
+                or any(monitor.ratio(sig) > 1.0 for sig in MODEL_FREE_SIGNALS)):
+            self._quiet = 0
+            self.skipped += 1
+            return None
+        self._quiet += 1
+        taus = [monitor.config.tau_s[SIGNALS.index(sig)] for sig in MODEL_SIGNALS]
+        if self._quiet <= _SETTLE_TAUS * max(taus) / self.dt_s:
+            if self.collected:  # after an abnormal stretch (the first settling after the swap is not counted)
+                self.skipped += 1
+            return None
+        for sig, v in zip(MODEL_SIGNALS, values):
+            self._values[sig][self.collected] = v
+        self.collected += 1
+        return self.result() if self.collected == self.periods else None
+
+    def result(self) -> Calibration:
+        """The refreshed calibration from the periods collected (all of them: ``collected == periods``)."""
+        if self.collected < self.periods:
+            raise ValueError(f"refresh: {self.collected} of {self.periods} normal periods collected")
+        cal = self.inherited
+        thresholds = dict(cal.thresholds)
+        for sig in MODEL_SIGNALS:
+            q = conformal_quantile(self._values[sig], cal.exceedance)
+            old = cal.threshold(sig)
+            thresholds[sig.value] = float(min(max(q, self.floors.get(sig.value, 0.0)), self.max_factor * old))
+        source = (f"refreshed on {self.collected} live periods of normal operation ({self.skipped} skipped), "
+                  f"from {cal.source}")
+        return dataclasses.replace(cal, thresholds=thresholds, source=source, periods=self.collected,
+                                   created_unix_s=time.time())
+
+
+__all__ = ["INHERITED_PREFIX", "MODEL_FREE_SIGNALS", "MODEL_SIGNALS", "CalibrationRefresh", "is_inherited"]
