@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy._rclpy_pybind11 import RCLError  # what rclpy raises when rcl_publish fails
 from rclpy.context import Context
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
@@ -56,6 +56,7 @@ _DIAG_LEVEL = {DriverState.RUNNING: DiagnosticStatus.OK, DriverState.TIMED_OUT: 
                DriverState.FAULT: DiagnosticStatus.ERROR}
 _REFUSAL_LOG_PERIOD_S = 1.0  # a stream of bad commands logs each kind of refusal once a second
 _PUBLISH_WARN_S = 5.0  # a failed publish keeps /diagnostics at WARN this long
+RCLError = _rclpy.RCLError  # what rclpy raises when rcl_publish fails
 
 
 _REQUIRED = ("read_state", "write_velocity", "bring_to_rest")  # what every driver implements
@@ -278,6 +279,9 @@ class ArmDriver(Node):
         status.level = DiagnosticStatus.WARN if (warning and state == DriverState.RUNNING) else _DIAG_LEVEL[state]
         status.message = {DriverState.FAULT: f"{STATE_TEXT[state]}: {self.fault} (call ~/reset)"}.get(
             state, warning or STATE_TEXT[state])
+        refused = self._publish_warning() if state == DriverState.TIMED_OUT else None
+        if refused:  # what usually follows refused states: the consumers stopped commanding
+            status.message += f"; {refused}"
         pairs = [("state", state.name), ("rejected_commands", str(self.rejected)),
                  ("command_timeout_s", f"{self.command_timeout_s:g}"), ("publish_rate_hz", f"{self.rate_hz:g}"),
                  ("failed_publishes", str(self.failed_publishes))]

@@ -14,7 +14,7 @@ import itertools
 import sys
 
 from geometry_msgs.msg import WrenchStamped
-from rclpy._rclpy_pybind11 import RCLError
+from robot_wm.driver import RCLError  # what rclpy raises when rcl_publish fails
 
 from robot_wm.nodes.example_arm import ExampleArmNode
 from robot_wm.nodes.runner import main_for

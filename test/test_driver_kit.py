@@ -205,13 +205,18 @@ def test_publishes_the_middleware_refuses_are_reported_never_latched(spawn, ros_
     try:
         assert client.wait_for_state(30.0), proc.output()
         t0 = time.monotonic()
-        client.command_for([0, 0, 0.2, 0, 0, 0], 1.0)  # while the elbow moves: half the states, no wrench
+        client.command_for([0, 0, 0.2, 0, 0, 0], 3.0)  # while the elbow moves: half the states, no wrench
         moving = [s[2][2] for s in client.states_since(t0 + 0.3)]
         assert moving and np.mean(moving) > 0.15, proc.output()  # commands obeyed: no fault latched
-        assert wait_for(lambda: diags.says("robot_wm/lossy_arm", 1, "publishes refused by the middleware"), 5.0), \
-            diags.seen[-1:]
-        values = {kv.key: kv.value for kv in diags.last("robot_wm/lossy_arm").values}
-        assert values["state"] != "FAULT" and int(values["failed_publishes"]) > 100, values
+
+        def reported(status) -> bool:  # WARN naming the refusals, counted, never a fault
+            values = {kv.key: kv.value for kv in status.values}
+            return (status.name == "robot_wm/lossy_arm" and status.level[0] == 1 and values["state"] != "FAULT"
+                    and "publishes refused by the middleware" in status.message and int(values["failed_publishes"]) > 100)
+
+        assert wait_for(lambda: any(reported(st) for st in list(diags.seen)), 5.0), diags.seen[-3:]
+        assert all({kv.key: kv.value for kv in st.values}["state"] != "FAULT" for st in list(diags.seen)
+                   if st.name == "robot_wm/lossy_arm")
         t1 = time.monotonic()
         client.command_for([0.2, 0, 0, 0, 0, 0], 0.5)  # a link back to normal: every state again
         assert np.mean([s[2][0] for s in client.states_since(t1 + 0.2)]) > 0.15

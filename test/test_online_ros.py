@@ -242,7 +242,9 @@ def test_an_inherited_calibration_is_refreshed_on_the_new_models_normal_operatio
         diag = watcher.trust_diag
         assert "inherited from" in diag["calibration_source"] and "calibration_refresh" not in diag
         for name, floor in (("prediction_error", 0.3), ("disagreement", 0.15)):  # config/trust.yaml's floors
-            assert floor <= float(diag[f"calibration_{name}"]) <= 1.5 * float(parent[f"calibration_{name}"]), diag
+            # (the diagnostics round to 4 digits)
+            assert floor * 0.999 <= float(diag[f"calibration_{name}"]) <= 1.5 * float(parent[f"calibration_{name}"]) * 1.001, \
+                diag
         for name in ("intervention", "effort_error"):  # the arm did not change with the model
             assert diag[f"calibration_{name}"] == parent[f"calibration_{name}"], (diag, parent)
         assert "trust calibration refreshed on 150 live periods" in procs["trust_monitor"].output()

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from geometry_msgs.msg import WrenchStamped
+from rclpy.qos import qos_profile_sensor_data
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
@@ -129,7 +130,8 @@ def test_malformed_trust_and_wrench_messages_latch_a_fault_and_the_filter_lives(
 
     _, filt, client, source = stack
     trust_pub = client.node.create_publisher(TrustState, "/robot_wm/trust", 10)
-    wrench_pub = client.node.create_publisher(WrenchStamped, "/robot_wm/wrench", 10)
+    # with the sensor-data QoS of most F/T drivers (best effort): the filter must hear it too
+    wrench_pub = client.node.create_publisher(WrenchStamped, "/robot_wm/wrench", qos_profile_sensor_data)
     source.value = MOVE
     assert wait_for(lambda: _moving(client), 10.0)
     trust_pub.publish(TrustState(level=99, phase=0))

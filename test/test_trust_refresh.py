@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust import Calibration, TrustConfig, TrustMonitor, conformal_quantile
 from robot_wm.core.trust.refresh import CalibrationRefresh, is_inherited
 from robot_wm.core.trust.settings import config_from_params
@@ -25,16 +26,20 @@ INHERITED = Calibration({"prediction_error": 2.0, "disagreement": 1.0, "interven
 FLOORS = {"prediction_error": 0.3, "disagreement": 0.15, "intervention": 0.5, "effort_error": 1.0}
 
 
-def _feed(refresh, monitor, errors, spreads, efforts=None, t0=0.0):
+def _feed(refresh, monitor, errors, spreads, efforts=None, interventions=None, t0=0.0):
     """One monitor step per sample, then the refresh; returns (the refreshed calibration or None,
     the smoothed (error, disagreement) of every period the refresh could have taken)."""
     seen, out = [], None
     for k, (e, d) in enumerate(zip(errors, spreads)):
-        effort = 0.5 if efforts is None else efforts[k]
-        monitor.step(t0 + k * DT, prediction_error=e, disagreement=d, intervened=False, effort_error=effort)
+        effort = None if efforts is None else efforts[k]
+        effort = 0.5 if effort is None and monitor.calibration.judges(Signal.EFFORT) else effort
+        intervened = False if interventions is None else bool(interventions[k])
+        # what the tracker does: the monitor stops counting interventions below FULL
+        monitor.step(t0 + k * DT, prediction_error=e, disagreement=d, effort_error=effort,
+                     intervened=intervened and monitor.level == TrustLevel.FULL)
         seen.append((monitor.smoothed(Signal.PREDICTION_ERROR), monitor.smoothed(Signal.DISAGREEMENT),
                      monitor.ratio(Signal.EFFORT) <= 1.0))
-        got = refresh.update(monitor)
+        got = refresh.update(monitor, fresh_prediction=True, intervened=intervened)
         out = got if got is not None else out
     return out, seen
 
@@ -56,7 +61,7 @@ def test_a_better_model_gets_tighter_thresholds_from_its_own_normal_periods():
     assert cal.effort_model is EFFORT_MODEL and cal.model_version == "wm-child" and cal.exceedance == ALPHA
     assert cal.source.startswith("refreshed on 300 live periods") and "inherited from wm-parent" in cal.source
     assert not is_inherited(cal) and is_inherited(INHERITED)
-    assert refresh.update(monitor) is None  # once
+    assert refresh.update(monitor, fresh_prediction=True, intervened=False) is None  # once
 
 
 def test_periods_the_model_free_signals_call_abnormal_are_not_taken():
@@ -85,16 +90,46 @@ def test_a_refresh_loosens_at_most_by_the_factor_and_never_below_the_floor():
     assert cal.thresholds["disagreement"] == pytest.approx(0.15)  # the floor
 
 
+def test_without_an_effort_model_a_model_cannot_loosen_its_own_thresholds():
+    """An arm without torque sensing: only the filter's interventions judge a period. A model 2.5x
+    worse than its threshold drops the level, below which the monitor stops counting interventions;
+    the refresh counts them itself, and without an effort judge it only tightens."""
+    inherited = Calibration({"prediction_error": 2.0, "disagreement": 1.0, "intervention": 0.5}, ALPHA, "wm-child",
+                            "inherited from wm-parent", 1000)
+    monitor = TrustMonitor(TrustConfig(), inherited)
+    refresh = CalibrationRefresh(inherited, FLOORS, DT, seconds=1.0, max_factor=1.5)
+    assert refresh.max_factor == 1.0
+    n = 400
+    cal, _ = _feed(refresh, monitor, np.full(n, 5.0), np.full(n, 0.3), interventions=np.ones(n))
+    # the filter acting: never normal once its smoothed rate is over the threshold (0.35 s from a cold start)
+    assert cal is None and refresh.collected < 15 and refresh.skipped > n - 40
+    monitor = TrustMonitor(TrustConfig(), inherited)
+    refresh = CalibrationRefresh(inherited, FLOORS, DT, seconds=1.0, max_factor=1.5)
+    cal, _ = _feed(refresh, monitor, np.full(n, 5.0), np.full(n, 0.3))  # the filter quiet: collected, but capped
+    assert cal is not None and cal.thresholds["prediction_error"] == pytest.approx(2.0)
+
+
+def test_periods_without_a_fresh_prediction_are_not_taken():
+    monitor = TrustMonitor(TrustConfig(), INHERITED)
+    refresh = CalibrationRefresh(INHERITED, FLOORS, DT, seconds=1.0, max_factor=1.5)
+    for k in range(300):
+        monitor.step(k * DT, prediction_error=0.5, disagreement=0.3, intervened=False, effort_error=0.5)
+        assert refresh.update(monitor, fresh_prediction=False, intervened=False) is None
+    assert refresh.collected == 0
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(0.0, 8.0)), min_size=1, max_size=40),
+@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(0.0, 8.0), st.booleans()),
+                min_size=1, max_size=40),
        st.floats(1.0, 3.0), st.floats(0.3, 4.0), st.floats(0.15, 2.0))
 def test_refreshed_thresholds_stay_between_the_floor_and_the_factor(pattern, factor, th_error, th_spread):
     inherited = Calibration({"prediction_error": th_error, "disagreement": th_spread, "intervention": 0.5,
-                             "effort_error": 2.0}, ALPHA, "wm-child", "inherited from wm-parent", 1000)
+                             "effort_error": 2.0}, ALPHA, "wm-child", "inherited from wm-parent", 1000, effort_model={})
     monitor = TrustMonitor(TrustConfig(), inherited)
     refresh = CalibrationRefresh(inherited, FLOORS, DT, seconds=1.0, max_factor=factor)
     samples = (pattern * (2000 // len(pattern) + 1))[:2000]
-    cal, _ = _feed(refresh, monitor, [s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples])
+    cal, _ = _feed(refresh, monitor, [s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples],
+                   [s[3] for s in samples])
     if cal is None:  # the model-free signals never allowed 100 normal periods: nothing changes
         assert refresh.collected < refresh.periods
         return

@@ -32,6 +32,7 @@ from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.context import Context
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.lifecycle import State, TransitionCallbackReturn
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
@@ -51,6 +52,8 @@ from robot_wm.core.safety import (
 )
 from robot_wm.msg import SafetyStatus, TrustState
 from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
+
+ANY_SENSOR = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)  # see the wrench subscription
 from robot_wm.nodes.model_swap import retire
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
@@ -153,7 +156,10 @@ class SafetyFilterNode(ControlNode):
         self._reported: set[tuple[str, str]] = set()  # (callback, exception type) already logged
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_subscription(Float64MultiArray, nominal_topic, self._on_nominal, LATEST_ONLY)
-        self.create_subscription(WrenchStamped, wrench_topic, self._on_wrench, LATEST_ONLY)
+        # best effort matches both kinds of F/T publisher: the sensor-data QoS of most drivers (a
+        # reliable reader gets nothing from them) and the reliable one of ros2_control's broadcaster and
+        # the embedded arm; a lost sample is replaced by the next one 2 ms later
+        self.create_subscription(WrenchStamped, wrench_topic, self._on_wrench, ANY_SENSOR)
         self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
         self.create_service(Trigger, "/robot_wm/estop", self._on_estop)
         self.create_service(Trigger, "/robot_wm/reset_estop", self._on_reset)

@@ -341,12 +341,14 @@ class TrustMonitorNode(ControlNode):
             return
         self.get_logger().info(f"world model {self.calibration.model_version}: inherited trust calibration; refreshing "
                                f"it on {settings.refresh_seconds:g} s of normal operation (effort and interventions "
-                               "under their thresholds)")
+                               f"under their thresholds; a threshold at most {self._refresh.max_factor:g} x the "
+                               "inherited one)")
 
-    def _refresh_step(self) -> None:
+    def _refresh_step(self, intervened: bool | None) -> None:
         if self._model_version != self.calibration.model_version:
             return
-        refreshed = self._refresh.update(self.tracker.monitor)
+        fresh = self.tracker.raw.get("prediction_error") is not None
+        refreshed = self._refresh.update(self.tracker.monitor, fresh_prediction=fresh, intervened=intervened)
         if refreshed is None:
             return
         before = self.calibration.thresholds
@@ -532,7 +534,7 @@ class TrustMonitorNode(ControlNode):
             self._record(sample[0], effort)
             return
         if self._refresh is not None:
-            self._refresh_step()
+            self._refresh_step(intervened)
         if self.phases is not None:
             self._phase_bookkeeping(self._out)
             if self.phase == 0 and not self.simulated_arm:

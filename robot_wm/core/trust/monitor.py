@@ -202,7 +202,7 @@ class TrustMonitor:
                            self._th[Signal.PREDICTION_ERROR], ratios, self._reason(t_s))
 
     def smoothed(self, sig: Signal) -> float | None:
-        """The signal's smoothed value (None before its first sample)."""
+        """The signal's smoothed value (0 before its first sample)."""
         return self._ewma[sig].value
 
     def ratio(self, sig: Signal) -> float:

@@ -7,16 +7,19 @@ model leaves the monitor blunter than it needs to be, and one whose ensemble spr
 can graze a threshold that was never its own. ``CalibrationRefresh`` measures the new model's own:
 
 - it collects the smoothed **world-model signals** (prediction error, ensemble disagreement) of
-  the running model in periods that the **model-free signals** call normal: the drives' effort and
-  the filter's interventions under their thresholds, no operator in control, no HUMAN latch, for
-  at least five of the world-model signals' smoothing time constants in a row (from the swap, and
-  after each abnormal period: their smoothing still carries what came before). The judges of
-  "normal" do not depend on the model being judged, so a model cannot vouch for itself;
+  the running model in periods with a fresh prediction that the **model-free signals** call
+  normal: the drives' effort under its threshold, and the filter's interventions, smoothed here
+  from the filter's own status (the monitor stops counting them once its level is below FULL),
+  under theirs; no operator in control, no HUMAN latch; for at least five of the world-model
+  signals' smoothing time constants in a row (from the swap, and after each abnormal period: their
+  smoothing still carries what came before). The judges of "normal" do not depend on the model
+  being judged, so a model cannot vouch for itself;
 - after ``seconds`` of such periods (at least the ⌈1/α⌉ − 1 that the conformal quantile at the
   calibration's exceedance α needs) each world-model threshold becomes the split-conformal quantile
   of what was collected, kept between its floor and ``max_factor`` times the inherited threshold:
   a refresh may tighten freely (the new model is better) and loosen only that much (a model worse
-  than its parent is the rollback's business, ``swap.SwapWatch``);
+  than its parent is the rollback's business, ``swap.SwapWatch``). Without an effort model (an arm
+  without torque sensing) the interventions alone are a weak judge: the refresh only tightens;
 - the model-free thresholds and the effort model are kept as they are (the arm did not change
   with the model).
 
@@ -34,11 +37,11 @@ import numpy as np
 from robot_wm.core.trust.calibration import Calibration, conformal_quantile
 from robot_wm.core.trust.monitor import TrustMonitor
 from robot_wm.core.safety.limits import TrustLevel
-from robot_wm.core.trust.signals import SIGNALS, Signal
+from robot_wm.core.trust.signals import SIGNALS, Ewma, Signal
 
 #: the signals a world model's swap changes (refreshed); the others judge whether a period is normal
 MODEL_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT)
-MODEL_FREE_SIGNALS = (Signal.EFFORT, Signal.INTERVENTION)
+MODEL_FREE_SIGNALS = (Signal.EFFORT, Signal.INTERVENTION)  # the judges of a normal period
 #: ``Calibration.source`` of a calibration re-issued for a child model (robot_wm.learning.online)
 INHERITED_PREFIX = "inherited from"
 _SETTLE_TAUS = 5.0  # a smoothed signal forgets what came before in this many time constants (e^-5)
@@ -81,17 +84,31 @@ class CalibrationRefresh:
         self.collected = 0
         self.skipped = 0  # periods the model-free signals did not call normal, and those settling after them
         self._quiet = 0  # normal periods in a row
+        if not inherited.judges(Signal.EFFORT):
+            self.max_factor = 1.0  # the interventions alone cannot tell a worse model from a changed arm
+        self._interventions: Ewma | None = None  # the filter's own, unmasked (built with the first update)
 
-    def update(self, monitor: TrustMonitor) -> Calibration | None:
+    def update(self, monitor: TrustMonitor, *, fresh_prediction: bool, intervened: bool | None) -> Calibration | None:
         """Take this period's smoothed signals from ``monitor`` (after its ``step``); return the
-        refreshed calibration once enough normal periods are in, else None."""
+        refreshed calibration once enough normal periods are in, else None.
+
+        Args:
+            monitor: the monitor, stepped this period.
+            fresh_prediction: this period was judged against a prediction (not a stale one's smoothing).
+            intervened: whether the filter changed the command this period, as it said (None: unknown).
+        """
+        if self._interventions is None:  # from where the monitor's own smoothing stands
+            self._interventions = Ewma(monitor.config.tau_s[SIGNALS.index(Signal.INTERVENTION)],
+                                       initial=monitor.smoothed(Signal.INTERVENTION) or 0.0)
+        smoothed_interventions = self._interventions.update(1.0 if intervened else 0.0, self.dt_s)
         if self.collected >= self.periods:
             return None
         values = [monitor.smoothed(sig) for sig in MODEL_SIGNALS]
-        if any(v is None or not math.isfinite(v) for v in values):
-            return None
-        if (monitor.operator or monitor.level == TrustLevel.HUMAN
-                or any(monitor.ratio(sig) > 1.0 for sig in MODEL_FREE_SIGNALS)):
+        if not fresh_prediction or any(v is None or not math.isfinite(v) for v in values):
+            return None  # nothing new measured (the smoothing was not fed either)
+        if (monitor.operator or monitor.level == TrustLevel.HUMAN or intervened is None
+                or monitor.ratio(Signal.EFFORT) > 1.0
+                or smoothed_interventions > self.inherited.threshold(Signal.INTERVENTION)):
             self._quiet = 0
             self.skipped += 1
             return None
