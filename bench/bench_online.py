@@ -74,6 +74,8 @@ class Observer:
         self.updates: list[tuple[float, Any]] = []  # (wall time, ModelUpdate)
         self.episodes: list[tuple[float, bool]] = []
         self.learner: dict[str, str] = {}
+        self.trust_calibrations: list[tuple[float, dict[str, str]]] = []  # (wall s, diag values) at each change
+        self.trust_levels: list[tuple[float, int]] = []  # (stamp s, level) at each change
         self.moving = False
         n = self.node
         n.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._on_prediction, qos)
@@ -86,6 +88,9 @@ class Observer:
         n.create_subscription(EpisodeResult, "/robot_wm/episodes", lambda m: self.episodes.append((time.time(), m.success)),
                               qos)
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, qos)
+        from robot_wm.msg import TrustState
+
+        n.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, qos)
         self.inject = n.create_client(InjectFault, "/arm_sim/inject_fault")
         from std_srvs.srv import Trigger
 
@@ -117,6 +122,15 @@ class Observer:
         for status in msg.status:
             if status.name.endswith("online learner"):
                 self.learner = {kv.key: kv.value for kv in status.values}
+            elif status.name == "robot_wm/trust_monitor":
+                values = {kv.key: kv.value for kv in status.values if kv.key.startswith("calibration_")}
+                key = lambda v: {k: x for k, x in v.items() if k != "calibration_refresh"}  # noqa: E731
+                if values and (not self.trust_calibrations or key(self.trust_calibrations[-1][1]) != key(values)):
+                    self.trust_calibrations.append((time.time(), values))
+
+    def _on_trust(self, msg) -> None:
+        if not self.trust_levels or self.trust_levels[-1][1] != msg.level:
+            self.trust_levels.append((_stamp_s(msg), int(msg.level)))
 
     def fault(self, kind: str, size: float) -> str:
         """Inject a lasting fault: ``payload`` (size: kg at the tool) or ``latency`` (size: s of command delay)."""
@@ -244,13 +258,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(args.out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(specs, env)
+    extra = {"trust_monitor": ["-p", f"trust_monitor:refresh_seconds:={args.trust_refresh_seconds!r}"]} \
+        if args.trust_refresh_seconds is not None else {}
     jump = f"+{args.payload_kg:g} kg payload" if args.fault == "payload" else f"+{args.latency_s * 1e3:g} ms command latency"
     doc: dict[str, Any] = {"benchmark": "online", "profile": args.profile, "jump": jump, "payload_kg": args.payload_kg,
                            "before_s": args.before, "after_s": args.after, "realtime_priority": args.realtime_priority,
                            "mode": "separate" if args.separate else "composed",
                            "loadavg_start": os.getloadavg()}
     try:
-        _start_logged(group, logs)
+        _start_logged(group, logs, extra)
         pids = {c.spec.name: c.process.pid for c in group.children}
         deadline = time.monotonic() + 120.0
         while time.monotonic() < deadline and not obs.moving and not group.failed():
@@ -285,6 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pairs = obs.samples()
         commands = np.array(sorted(obs.commands), dtype=float) * 1e-9
         updates, episodes, learner = list(obs.updates), list(obs.episodes), dict(obs.learner)
+        calibrations, levels = list(obs.trust_calibrations), list(obs.trust_levels)
         obs.close()
         group.stop()
         rclpy.shutdown(context=ctx)
@@ -292,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     doc.update(analyse(t, err, ver, commands, updates, episodes, t0, t_jump, args))
     doc["same_data"] = counterfactual(pairs, updates, t_jump)
     doc["learner_diagnostics"] = learner
+    doc["trust"] = trust_report(calibrations, levels, t0, t_jump, time.time())
     log = state / "online" / "reach.jsonl"
     attempts = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     doc["attempts"] = [{k: a.get(k) for k in ("accepted", "seconds", "cpu_s", "set_version", "error")}
@@ -301,15 +319,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _start_logged(group, logs: Path) -> None:
-    """ProcessGroup.start with each child's output in a log file."""
+def _start_logged(group, logs: Path, extra: dict[str, list[str]] | None = None) -> None:
+    """ProcessGroup.start with each child's output in a log file (``extra``: arguments added per node)."""
     import subprocess
 
     from robot_wm.process_group import Child, _die_with_parent, command_for
 
     for spec in group.specs:
         with open(logs / f"{spec.name}.log", "wb") as fh:
-            proc = subprocess.Popen(command_for(spec), env=group.env, stdout=fh, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(command_for(spec) + (extra or {}).get(spec.name, []), env=group.env, stdout=fh,
+                                    stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         group.children.append(Child(spec, proc))
 
@@ -351,6 +370,36 @@ def analyse(t, err, ver, commands, updates, episodes, t0, t_jump, args) -> dict[
     out["goals"] = {"before_jump": [sum(1 for tw, ok in episodes if tw < t_jump and ok), sum(1 for tw, _ in episodes if tw < t_jump)],
                     "after_jump": [sum(1 for tw, ok in episodes if tw >= t_jump and ok), sum(1 for tw, _ in episodes if tw >= t_jump)]}
     return out
+
+
+def trust_report(calibrations, levels, t0: float, t_jump: float, t_end: float) -> dict[str, Any]:
+    """The trust monitor's calibrations in force over the run (the shipped one, a learner's set's
+    re-issued one, its refresh) with their world-model thresholds, and its level drops (from FULL)
+    per minute under each kind: what the refresh of an inherited calibration changes."""
+    def kind(values: dict[str, str]) -> str:
+        source = values.get("calibration_source", "")
+        return "refreshed" if source.startswith("refreshed") else "inherited" if source.startswith("inherited") \
+            else "own"
+
+    spans = []
+    for i, (tw, values) in enumerate(calibrations):
+        end = calibrations[i + 1][0] if i + 1 < len(calibrations) else t_end
+        spans.append((max(tw, t0), end, kind(values), values))
+    drops = [ts for (ts, level), (_, prev) in zip(levels[1:], levels[:-1]) if prev == 0 and level > 0 and ts >= t0]
+    per_kind: dict[str, dict[str, float]] = {}
+    for start, end, k, _ in spans:
+        if end <= start:
+            continue
+        d = per_kind.setdefault(k, {"minutes": 0.0, "level_drops": 0})
+        d["minutes"] += (end - start) / 60.0
+        d["level_drops"] += sum(1 for ts in drops if start <= ts < end)
+    for d in per_kind.values():
+        d["drops_per_minute"] = d["level_drops"] / d["minutes"] if d["minutes"] else None
+        d["minutes"] = round(d["minutes"], 2)
+    return {"calibrations": [{"t_s": round(start - t_jump, 1), "kind": k, "model_version": v.get("calibration_model_version"),
+                              "prediction_error": v.get("calibration_prediction_error"),
+                              "disagreement": v.get("calibration_disagreement")} for start, _, k, v in spans],
+            "by_calibration": per_kind}
 
 
 def counterfactual(pairs, updates, t_jump: float) -> dict[str, Any]:
@@ -436,6 +485,8 @@ def main() -> int:
     ap.add_argument("--no-retare", dest="retare", action="store_false",
                     help="leave the F/T tare as it was (the filter then treats the payload's weight as a contact)")
     ap.add_argument("--kill-learner-at", type=float, default=0.0, help="SIGKILL the learner this many s into the run")
+    ap.add_argument("--trust-refresh-seconds", type=float, default=None,
+                    help="the trust monitor's refresh_seconds (default: config/trust.yaml's)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_online"))
     ap.add_argument("--json", action="store_true", help="only the JSON on stdout")
     args = ap.parse_args()
@@ -461,6 +512,11 @@ def main() -> int:
         for label, value in same.get("median_error_radps", {}).items():
             print(f"  on the {same['periods']} periods after the jump: {label}: median error {value * 1e3:.2f} mrad/s, "
                   f"RMSE {same['rmse_qdot_radps'][label] * 1e3:.2f}")
+        for c in doc["trust"]["calibrations"]:
+            print(f"  trust calibration from {c['t_s']:+.0f} s: {c['kind']} ({c['model_version']}): thresholds "
+                  f"prediction_error {c['prediction_error']}, disagreement {c['disagreement']}")
+        for k, d in doc["trust"]["by_calibration"].items():
+            print(f"  trust level drops under the {k} calibration: {d['level_drops']} in {d['minutes']} min")
     print(json.dumps(doc, default=str))
     return 0
 

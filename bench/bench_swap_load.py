@@ -15,18 +15,23 @@ Loader scheduling, one run each:
   lower when the control thread is real-time, its nice value otherwise), lock handed back every 0.5 ms;
 * ``nice10``: the loader at the normal scheduler and nice 10 (the first version): it holds the lock and
   then waits behind the hogs, and so does the control thread (priority inversion).
+* ``two``: two loaders at once, as in the composed process where the safety filter (with the
+  linearization) and the world_model node (without) load the same announced model, each ``below``;
+* ``two_serial`` (shipped): the same two taking turns (``model_swap``'s process-wide load lock).
 
 Reported per run: the lateness of each period's end against its deadline (its scheduled start + one
 period), p50 / p99 / max in ms; late periods (ended after their deadline); and missed periods as
 ``bench_online.py`` counts them in the live commands: an interval of more than 1.5 periods between two
 periods' ends (a period that ends early followed by one that ends just in time also counts).
 
-Usage: python bench/bench_swap_load.py [--seconds 10] [--hogs 3] [--realtime-priority 50] [--json]
+Usage: python bench/bench_swap_load.py [--seconds 10] [--hogs 3] [--realtime-priority 50]
+       [--variants none,below,nice10,two,two_serial] [--json]
 (``--realtime-priority 0``: the control thread at the normal scheduler.)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -83,17 +88,23 @@ def run_once(variant: str, seconds: float, priority: int) -> dict:
     stop = threading.Event()
     loads = [0]
 
-    def loader() -> None:
-        with loader_scheduling() if variant == "below" else _old_loader_scheduling():
+    from robot_wm.nodes.model_swap import _ONE_LOAD_AT_A_TIME
+
+    turns = _ONE_LOAD_AT_A_TIME if variant == "two_serial" else contextlib.nullcontext()
+
+    def loader(analytic: bool) -> None:
+        with loader_scheduling() if variant != "nice10" else _old_loader_scheduling():
             while not stop.is_set():
-                load_runner(wm_path, hp.names, PERIOD_S, True)
+                with turns:
+                    load_runner(wm_path, hp.names, PERIOD_S, analytic)
                 loads[0] += 1
                 stop.wait(0.1)
 
-    thread = threading.Thread(target=loader, daemon=True) if variant != "none" else None
+    kinds = {"none": (), "below": (True,), "nice10": (True,), "two": (True, False), "two_serial": (True, False)}
+    threads = [threading.Thread(target=loader, args=(a,), daemon=True) for a in kinds[variant]]
     ends, starts = [], []
     try:
-        if thread is not None:
+        for thread in threads:
             thread.start()
         n = int(seconds / PERIOD_S)
         t_next = time.perf_counter() + PERIOD_S
@@ -116,7 +127,7 @@ def run_once(variant: str, seconds: float, priority: int) -> dict:
             t_next += PERIOD_S
     finally:
         stop.set()
-        if thread is not None:
+        for thread in threads:
             thread.join(timeout=5.0)
     starts_a, ends_a = np.array(starts), np.array(ends)
     late_ms = (ends_a - (starts_a + PERIOD_S)) * 1e3  # against the period's deadline
@@ -134,7 +145,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--hogs", type=int, default=3, help="busy-looping processes at nice 0")
     ap.add_argument("--realtime-priority", type=int, default=50, help="SCHED_FIFO priority of the control thread (0: normal)")
-    ap.add_argument("--variants", default="none,below,nice10")
+    ap.add_argument("--variants", default="none,below,nice10,two,two_serial")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -160,14 +171,14 @@ def main() -> int:
         print(f"control thread at {'SCHED_FIFO ' + str(args.realtime_priority) if args.realtime_priority else 'the normal scheduler'}, "
               f"100 Hz for {args.seconds:g} s, {args.hogs} CPU hogs on {os.cpu_count()} cores; the loader loads the "
               "world model (with its linearization) every 0.1 s")
-        print(f"{'loader':8s} {'loads':>6s} {'end late p50':>13s} {'p99':>8s} {'max':>8s} {'late':>5s} "
+        print(f"{'loader':10s} {'loads':>6s} {'end late p50':>13s} {'p99':>8s} {'max':>8s} {'late':>5s} "
               f"{'gaps > 1.5 periods':>19s}")
         for r in results:
             if "error" in r:
-                print(f"{r['variant']:8s} {r['error']}")
+                print(f"{r['variant']:10s} {r['error']}")
                 continue
             lat = r["end_lateness_ms"]
-            print(f"{r['variant']:8s} {r['loads']:6d} {lat['p50']:10.2f} ms {lat['p99']:5.2f} ms {lat['max']:5.1f} ms "
+            print(f"{r['variant']:10s} {r['loads']:6d} {lat['p50']:10.2f} ms {lat['p99']:5.2f} ms {lat['max']:5.1f} ms "
                   f"{r['late_periods']:5d} {r['missed_periods']:8d} of {r['periods']}")
     print(json.dumps(doc))
     return 0
