@@ -237,3 +237,20 @@ def test_no_path_to_a_higher_phase_without_the_stated_evidence(tmp_path_factory,
         # every transition is on disk at once
         assert json.loads(path.read_text())["phase"] == m.phase.name
         assert not [p for p in os.listdir(path.parent) if p.endswith(".tmp")]
+
+
+def test_the_event_that_demoted_calls_no_human_even_when_its_evidence_flickers():
+    """A loaded fresh-clone CI run: a fault demoted REAL -> MIXED, its effort signal grazed its
+    threshold, the anomaly ended for a period and began again, and the second onset called a human
+    for the same event. The event lasts until the level is FULL again; the next one calls a human."""
+    from robot_wm.core.safety.limits import TrustLevel
+    from robot_wm.core.trust.phase import DemotionEvent
+
+    event = DemotionEvent()
+    assert not event.human_on_anomaly(Phase.REAL, TrustLevel.FULL)  # REAL: an anomaly demotes, no human
+    assert event.human_on_anomaly(Phase.MIXED, TrustLevel.FULL)  # MIXED from the start: a human
+    event.demoted()
+    for level in (TrustLevel.STOP, TrustLevel.SLOW, TrustLevel.STOP, TrustLevel.CAUTIOUS, TrustLevel.STOP):
+        assert not event.human_on_anomaly(Phase.MIXED, level), level  # flickers of the same event
+    assert event.human_on_anomaly(Phase.MIXED, TrustLevel.FULL)  # recovered: the next anomaly is new
+    assert event.human_on_anomaly(Phase.MIXED, TrustLevel.STOP)

@@ -39,7 +39,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
-from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.safety.limits import Phase, TrustLevel
 from robot_wm.core.trust.calibration import with_floors
 from robot_wm.msg import (EpisodeResult, InterventionRequest, InterventionState, SafetyStatus, TrustState,
                           WorldModelPrediction)
@@ -116,7 +116,9 @@ class TrustMonitorNode(ControlNode):
         self._intervention = False
         self._episodes = self._episodes_ignored = 0
         self._anomalies_seen = 0
-        self._demoted_at_anomaly = -1  # the anomaly (monitor.anomalies) that demoted REAL -> MIXED
+        from robot_wm.core.trust.phase import DemotionEvent
+
+        self._demotion = DemotionEvent()  # the anomaly that demoted REAL -> MIXED does not also call a human
         self._phase_saved_t = time.monotonic()
         self._operate_t: float | None = None
         self._request_pub = None
@@ -449,7 +451,7 @@ class TrustMonitorNode(ControlNode):
             before = ph.phase
             action = ph.anomaly(out.reason)
             if action == "demoted":
-                self._demoted_at_anomaly = monitor.anomalies
+                self._demotion.demoted()
                 self.get_logger().error(f"phase {before.name} -> {ph.phase.name}: automatic demotion on an anomaly: "
                                         f"{out.reason}")
                 self._request(InterventionRequest.SEVERITY_WARNING,
@@ -521,8 +523,8 @@ class TrustMonitorNode(ControlNode):
         if self.phases is not None:  # MIXED: the operator standing by decides (config's flag: every phase),
             # on an anomaly that began in MIXED: the one that just demoted REAL -> MIXED is one event, one step
             mon = self.tracker.monitor
-            mon.human_on_anomaly = self._config.human_on_anomaly or (
-                self.phases.phase == 1 and mon.anomalies != self._demoted_at_anomaly)
+            mon.human_on_anomaly = self._config.human_on_anomaly or self._demotion.human_on_anomaly(
+                Phase(self.phases.phase), mon.level)
         started, cpu = time.perf_counter(), time.thread_time()
         self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
         if self._rollback is not None:  # a swapped-in world model that does worse on the arm is rolled back

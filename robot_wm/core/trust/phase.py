@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from robot_wm.core.atomic import write_json
-from robot_wm.core.safety.limits import Phase
+from robot_wm.core.safety.limits import Phase, TrustLevel
 
 FORMAT = "robot_wm.trust.phase/1"
 HISTORY_MAX = 200  # transitions kept in the file (the oldest are dropped)
@@ -347,5 +347,26 @@ def criteria_from_mapping(data: dict, where: str = "config/trust.yaml") -> Phase
     return PhaseConfig(**out)
 
 
-__all__ = ["Evidence", "FORMAT", "PhaseConfig", "PhaseFileError", "PhaseMachine", "PhaseState", "PhaseStore",
+class DemotionEvent:
+    """One anomaly, one step: in MIXED an anomaly calls a human, except the event that has just
+    demoted REAL -> MIXED. That event lasts until the trust level is FULL again: its two-signal
+    evidence can flicker (a signal grazing its threshold) and start another anomaly onset, which is
+    still the same event. A fault that never clears keeps the arm at STOP, and STOP for longer than
+    ``human_after_s`` calls a human by itself."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def demoted(self) -> None:
+        """An anomaly just demoted REAL -> MIXED."""
+        self.open = True
+
+    def human_on_anomaly(self, phase: Phase, level: TrustLevel) -> bool:
+        """Whether an anomaly now calls a human (the monitor's level before this period's step)."""
+        if self.open and level == TrustLevel.FULL:
+            self.open = False  # recovered: the next anomaly is a new event
+        return phase == Phase.MIXED and not self.open
+
+
+__all__ = ["DemotionEvent", "Evidence", "FORMAT", "PhaseConfig", "PhaseFileError", "PhaseMachine", "PhaseState", "PhaseStore",
            "PromotionCriteria", "criteria_from_mapping"]
