@@ -97,46 +97,6 @@ def test_an_announcement_during_a_load_never_waits_on_the_callback_thread_and_lo
         node.destroy_node()
 
 
-def test_the_filter_and_the_world_model_node_in_one_process_load_one_at_a_time(ros_context, monkeypatch):
-    """In the composed process both load the same announced model: two loader threads beside the
-    control thread would make it wait behind both for the interpreter lock. They take turns, and
-    both still get the model."""
-    import time
-    from types import SimpleNamespace
-
-    from rclpy.node import Node
-
-    from robot_wm.msg import ModelUpdate
-    from robot_wm.nodes import model_swap
-    from robot_wm.registry import resolve
-
-    inside, most = [0], [0]
-    lock = threading.Lock()
-
-    def load(path, joint_names, dt_s, analytic):  # stands for loading: records how many load at once
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.2)
-        with lock:
-            inside[0] -= 1
-        return SimpleNamespace(version=f"loaded analytic={analytic}", linearization="test")
-
-    monkeypatch.setattr(model_swap, "load_runner", load)
-    node = Node("swap_turns_test", context=ros_context)
-    try:
-        swaps = [model_swap.WorldModelSwap(node, "reach", ["j1"], 0.01, analytic=a) for a in (True, False)]
-        msg = ModelUpdate(task="reach", model_kind="world_model", action="activate", accepted=True,
-                          set_version="test", path=str(resolve("reach", "world_model")))
-        msg.header.stamp = node.get_clock().now().to_msg()
-        for swap in swaps:
-            swap._on_update(msg)
-        assert wait_for(lambda: all(swap._pending is not None for swap in swaps), 10.0), [s.last_refusal for s in swaps]
-        assert most[0] == 1, f"{most[0]} loads at once"
-    finally:
-        node.destroy_node()
-
-
 def test_the_learner_node_refuses_a_realtime_priority():
     """However it gets one (a launch file of the integrator's, a parameter file), the learner keeps the
     normal scheduler: its training at SCHED_FIFO would run level with the control threads."""

@@ -86,8 +86,7 @@ class WorldModelSwap:
                                  "a late or stale announcement")
             if msg.sha256 and sha256_file(path) != msg.sha256:
                 raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
-            with _ONE_LOAD_AT_A_TIME:
-                runner = load_runner(path, self.joint_names, self.dt_s, self.analytic)
+            runner = load_runner(path, self.joint_names, self.dt_s, self.analytic)
         except Exception as exc:  # noqa: BLE001 (anything that fails to load is refused, never raised)
             self.last_refusal = f"model update {msg.set_version} ({msg.action}) refused: {type(exc).__name__}: {exc}"
             self.node.get_logger().error(f"{self.last_refusal}; keeping the current world model")
@@ -152,12 +151,6 @@ def load_runner(path, joint_names, dt_s: float, analytic: bool):
             runner.linearize_with_std(q, zero, zero)
     return runner
 
-
-#: Loads in one process take turns: in the composed process the safety filter and the world_model node
-#: load the same announced model at once, and two loader threads beside the control thread make it wait
-#: for the interpreter lock behind both (CPython hands the lock to whichever waiting thread runs first,
-#: not to the highest priority): bench/bench_swap_load.py's ``two`` against ``two_serial``.
-_ONE_LOAD_AT_A_TIME = threading.Lock()
 
 _interval_lock = threading.Lock()
 _interval_users = 0  # loader threads inside loader_scheduling (the filter's and the world model's may overlap)
