@@ -399,7 +399,8 @@ def trust_report(calibrations, levels, t0: float, t_jump: float, t_end: float) -
     return {"calibrations": [{"t_s": round(start - t_jump, 1), "kind": k, "model_version": v.get("calibration_model_version"),
                               "prediction_error": v.get("calibration_prediction_error"),
                               "disagreement": v.get("calibration_disagreement")} for start, _, k, v in spans],
-            "by_calibration": per_kind}
+            "by_calibration": per_kind, "level_drops_t_s": [round(ts - t_jump, 1) for ts in drops],
+            "levels": [{"t_s": round(ts - t_jump, 2), "level": level} for ts, level in levels if ts >= t0]}
 
 
 def counterfactual(pairs, updates, t_jump: float) -> dict[str, Any]:
@@ -517,6 +518,7 @@ def main() -> int:
                   f"prediction_error {c['prediction_error']}, disagreement {c['disagreement']}")
         for k, d in doc["trust"]["by_calibration"].items():
             print(f"  trust level drops under the {k} calibration: {d['level_drops']} in {d['minutes']} min")
+        print(f"  trust level drops at (s from the jump): {doc['trust']['level_drops_t_s']}")
     print(json.dumps(doc, default=str))
     return 0
 
