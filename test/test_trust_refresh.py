@@ -143,6 +143,10 @@ def test_too_short_a_refresh_and_bad_settings_are_refused_by_name():
         CalibrationRefresh(INHERITED, FLOORS, DT, seconds=0.5, max_factor=1.5)
     with pytest.raises(ValueError, match="refresh_max_factor=0.9"):
         CalibrationRefresh(INHERITED, FLOORS, DT, seconds=2.0, max_factor=0.9)
+    import dataclasses
+
+    with pytest.raises(ValueError, match=r"exceedance 0.0: expected a probability in \(0, 1\)"):
+        CalibrationRefresh(dataclasses.replace(INHERITED, exceedance=0.0), FLOORS, DT, seconds=2.0, max_factor=1.5)
     with pytest.raises(ValueError, match="refresh_seconds=-1"):
         config_from_params({"refresh_seconds": -1.0})
     with pytest.raises(ValueError, match="refresh_max_factor=0.5"):

@@ -72,7 +72,10 @@ class CalibrationRefresh:
             raise ValueError(f"refresh: dt_s={dt_s!r}: expected a positive period (s)")
         if not (math.isfinite(max_factor) and max_factor >= 1.0):
             raise ValueError(f"refresh_max_factor={max_factor!r}: expected >= 1")
-        need = math.ceil(1.0 / inherited.exceedance) - 1
+        alpha = inherited.exceedance
+        if not (isinstance(alpha, float) and 0.0 < alpha < 1.0):
+            raise ValueError(f"the inherited calibration's exceedance {alpha!r}: expected a probability in (0, 1)")
+        need = math.ceil(1.0 / alpha) - 1
         self.periods = int(math.ceil(seconds / dt_s)) if math.isfinite(seconds) and seconds > 0 else 0
         if self.periods < need:
             raise ValueError(f"refresh_seconds={seconds!r}: {self.periods} periods of {dt_s:g} s, the conformal "
