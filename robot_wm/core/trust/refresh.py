@@ -73,7 +73,7 @@ class CalibrationRefresh:
         if not (math.isfinite(max_factor) and max_factor >= 1.0):
             raise ValueError(f"refresh_max_factor={max_factor!r}: expected >= 1")
         alpha = inherited.exceedance
-        if not (isinstance(alpha, float) and 0.0 < alpha < 1.0):
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha < 1.0:
             raise ValueError(f"the inherited calibration's exceedance {alpha!r}: expected a probability in (0, 1)")
         need = math.ceil(1.0 / alpha) - 1
         self.periods = int(math.ceil(seconds / dt_s)) if math.isfinite(seconds) and seconds > 0 else 0
