@@ -101,8 +101,10 @@ class CalibrationRefresh:
             intervened: whether the filter changed the command this period, as it said (None: unknown).
         """
         if self._interventions is None:  # from where the monitor's own smoothing stands
-            self._interventions = Ewma(monitor.config.tau_s[SIGNALS.index(Signal.INTERVENTION)],
+            taus = monitor.config.tau_s
+            self._interventions = Ewma(taus[SIGNALS.index(Signal.INTERVENTION)],
                                        initial=monitor.smoothed(Signal.INTERVENTION) or 0.0)
+            self._settle = _SETTLE_TAUS * max(taus[SIGNALS.index(sig)] for sig in MODEL_SIGNALS) / self.dt_s
         smoothed_interventions = self._interventions.update(1.0 if intervened else 0.0, self.dt_s)
         if self.collected >= self.periods:
             return None
@@ -116,8 +118,7 @@ class CalibrationRefresh:
             self.skipped += 1
             return None
         self._quiet += 1
-        taus = [monitor.config.tau_s[SIGNALS.index(sig)] for sig in MODEL_SIGNALS]
-        if self._quiet <= _SETTLE_TAUS * max(taus) / self.dt_s:
+        if self._quiet <= self._settle:
             if self.collected:  # after an abnormal stretch (the first settling after the swap is not counted)
                 self.skipped += 1
             return None
