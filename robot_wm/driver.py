@@ -272,15 +272,14 @@ class ArmDriver(Node):
     def _publish_diagnostics(self) -> None:
         state = self.state
         extra = self._guarded("diagnostic_values", self.diagnostic_values) or []
-        warning = (self._guarded("warning", self.warning) or self._publish_warning()
-                   if state == DriverState.RUNNING else None)
+        refused = self._publish_warning()
+        warning = (self._guarded("warning", self.warning) or refused) if state == DriverState.RUNNING else None
         state = self.state  # a failing hook above is a fault too
         status = DiagnosticStatus(name=f"robot_wm/{self.get_name()}", hardware_id=self.hardware_id)
         status.level = DiagnosticStatus.WARN if (warning and state == DriverState.RUNNING) else _DIAG_LEVEL[state]
         status.message = {DriverState.FAULT: f"{STATE_TEXT[state]}: {self.fault} (call ~/reset)"}.get(
             state, warning or STATE_TEXT[state])
-        refused = self._publish_warning() if state == DriverState.TIMED_OUT else None
-        if refused:  # what usually follows refused states: the consumers stopped commanding
+        if refused and state == DriverState.TIMED_OUT:  # what usually follows refused states: no commands
             status.message += f"; {refused}"
         pairs = [("state", state.name), ("rejected_commands", str(self.rejected)),
                  ("command_timeout_s", f"{self.command_timeout_s:g}"), ("publish_rate_hz", f"{self.rate_hz:g}"),
