@@ -166,11 +166,26 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
         from robot_wm.srv import Intervention as InterventionSrv
 
         assert arm.call(InterventionSrv, "/robot_wm/intervention/take", InterventionSrv.Request(reason="again")).success
-        end = time.monotonic() + 0.8
-        while time.monotonic() < end:
-            jog.publish(Float64MultiArray(data=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3]))
-            time.sleep(0.02)
-        answer = arm.call(InterventionSrv, "/robot_wm/intervention/release", InterventionSrv.Request(reason="moving"))
+        # the jog goes on while the release is asked for: on a loaded machine the call can take longer
+        # than the deadman, and an arm that stopped by it would rightly be released
+        import threading
+
+        jogging = threading.Event()
+        jogging.set()
+
+        def keep_jogging() -> None:
+            while jogging.is_set():
+                jog.publish(Float64MultiArray(data=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3]))
+                time.sleep(0.02)
+
+        jogger = threading.Thread(target=keep_jogging, daemon=True)
+        jogger.start()
+        try:
+            assert wait_for(lambda: abs(arm.latest()[2][5]) > 0.1, 10.0), arm.latest()[2]  # moving, by its state
+            answer = arm.call(InterventionSrv, "/robot_wm/intervention/release", InterventionSrv.Request(reason="moving"))
+        finally:
+            jogging.clear()
+            jogger.join(2.0)
         assert not answer.success and "moving" in answer.message, answer.message
         assert wait_for(lambda: arm.rest_after(time.time() - 0.05, 0.01) is not None, 5.0)
         t_release = time.time()
