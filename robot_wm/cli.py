@@ -35,6 +35,7 @@ learning (CPU, minutes; commands behind the shipped models: models/README.md):
   robot-wm record --task track --demos 50 --out demos/real_twin [--library --profile real_twin]
   robot-wm demos inspect demos/real_twin   counts, durations, topics, success, gaps of the bags
   robot-wm adapt --task track --demos demos/real_twin --out runs/adapted_real_twin [--activate]
+  robot-wm train mixed --library --profile worn_heavy --out runs/mixed_wh --real-episodes 50   MIXED-phase training
 
 Every process robot-wm starts keeps DDS traffic on loopback (config/fastdds_loopback.xml);
 set ROBOT_WM_DDS=system to manage DDS yourself (e.g. robot PC + GPU box).

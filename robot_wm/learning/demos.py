@@ -53,6 +53,7 @@ class LibraryRecorder:
         self.next_flag_s = 0.0
         self.filter_changed = 0
         self.end_ns = self.base_ns
+        self.last_trust = None  # the tracker's latest TrustOutput (None: no tracker, or no period yet)
 
     def ns(self, t_s: float) -> int:
         return self.base_ns + int(round(t_s * 1e9))
@@ -75,7 +76,7 @@ class LibraryRecorder:
                 self.filter_changed += 1
         if self.tracker is not None:
             intervened = None if res is None else res.state == FilterState.FILTERING
-            out = self.tracker.measurement(t, q, qd, None, intervened)
+            out = self.last_trust = self.tracker.measurement(t, q, qd, None, intervened)
             self.w.write("/robot_wm/trust", ns, self.m.trust(ns, out.score, int(out.level), self.phase,
                                                              out.normalized_error, out.threshold, out.reason))
             pred = self.predictor.predict(q, qd, np.asarray(command, dtype=float))

@@ -63,7 +63,10 @@ def world_model_from_onnx(path: Path) -> WorldModel:
     return model
 
 
-def _check_world_model_parity(model: WorldModel, path: Path, tol: float = 1e-4) -> None:
+def _check_world_model_parity(model: WorldModel, path: Path, tol: float = 5e-4) -> None:
+    """The rebuilt model against the graph on random inputs. ``tol``: float32 round-off of a graph
+    that was itself exported from a fine-tuned, variance-scaled model reaches ~1e-4 relative on
+    near-zero outputs; weights that are not the graph's differ by orders of magnitude more."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)

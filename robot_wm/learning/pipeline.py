@@ -256,7 +256,7 @@ def add_parsers(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--no-randomization", action="store_true", help="collect on the nominal profile only")
     p.set_defaults(func=cmd_collect)
 
-    train = verbs.add_parser("train", help="train the world model or the policy").add_subparsers(dest="what", metavar="WHAT", required=True)
+    train = verbs.add_parser("train", help="train the world model or the policy, or the policy on the arm (mixed)").add_subparsers(dest="what", metavar="WHAT", required=True)
     p = train.add_parser("world-model", help="train the world-model ensemble on a dataset")
     common(p)
     p.add_argument("--data", default=str(DEFAULT_DATA))
@@ -272,6 +272,9 @@ def add_parsers(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", type=int, default=None, help="override the number of iterations")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.set_defaults(func=cmd_train_policy)
+    from robot_wm.learning import mixed_cli
+
+    mixed_cli.add_parser(train, common)
 
     p = verbs.add_parser("export", help="export checkpoints to ONNX + JSON sidecars")
     p.add_argument("--world-model", default=None, help="world-model checkpoint (.pt)")

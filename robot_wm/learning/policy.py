@@ -388,7 +388,8 @@ class TrackRollouts:
 
 def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module, dataset, task,
                  q_home_rad: np.ndarray, progress: bool = True, init_actor: Actor | None = None,
-                 critic_warmup: int = 0, validate=None, validate_every: int = 25) -> tuple[Actor, PolicyReport]:
+                 critic_warmup: int = 0, validate=None, validate_every: int = 25,
+                 critic: "Critic | None" = None) -> tuple[Actor, PolicyReport]:
     """Train the actor and critic in imagination.
 
     Args:
@@ -401,13 +402,15 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
         q_home_rad: the task's nominal start configuration.
         progress: show a progress bar.
         init_actor: fine-tune this actor (a copy; its observation normalization is kept) instead
-            of training a new one; the critic is always fresh.
+            of training a new one; the critic is fresh unless ``critic`` is given.
         critic_warmup: iterations at the start that train only the critic (the actor is held):
             a fresh critic's values must not steer an actor that already works.
         validate: ``validate(actor) -> score`` (lower is better), called before the first update,
             every ``validate_every`` iterations and at the end; the actor with the best score is
             returned (so a fine-tune never returns an actor its validation finds worse than the
             one it started from). The scores are in the report's ``validation``.
+        critic: go on training this critic (in place) instead of a fresh one: a training that
+            comes in rounds (``train mixed``) keeps what its critic learned.
     Returns:
         The trained actor and a report.
     """
@@ -422,7 +425,8 @@ def train_policy(cfg: PolicyConfig, dynamics: ImaginationDynamics, fk: nn.Module
     else:
         mean, std = obs_normalization(dataset, task)
         actor = build_actor(cfg, task, mean, std, layout, fk)
-    critic = Critic(ObsNormalizer(mean, std, layout), cfg.hidden)
+    if critic is None:
+        critic = Critic(ObsNormalizer(mean, std, layout), cfg.hidden)
     target = copy.deepcopy(critic).requires_grad_(False)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)

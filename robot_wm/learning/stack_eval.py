@@ -148,8 +148,11 @@ class Stack:
 #: F/T tare (s); the episode's clock starts after the enable, so this is not scored.
 START_SETTLE_S = 2.0
 
-def build_stack(control_dt_s: float, models_dir: Path | None = None) -> Stack:
-    """The safety filter as the node configures it on the embedded arm, and the world model file."""
+def build_stack(control_dt_s: float, models_dir: Path | None = None, phase=None) -> Stack:
+    """The safety filter as the node configures it on the embedded arm, and the world model file.
+
+    ``phase``: the deployment phase whose limit scales apply (default SIM, as on the embedded arm;
+    ``train mixed`` runs its real episodes in MIXED)."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety import ControllerConfig, Phase, TrustLevel, load_safety_limits
@@ -161,7 +164,7 @@ def build_stack(control_dt_s: float, models_dir: Path | None = None) -> Stack:
     path = (Path(models_dir) / "world_model.onnx") if models_dir is not None else data_path("models", "world_model.onnx")
     # the node's parameters on the embedded arm: config/control.yaml + graph.plan (SIM phase)
     config = ControllerConfig(dt_s=control_dt_s, require_model=True, default_trust_level=TrustLevel.FULL,
-                              default_phase=Phase.SIM, force_sensor=True)
+                              default_phase=Phase.SIM if phase is None else Phase(phase), force_sensor=True)
     limits, fraction = load_safety_limits(), load_slew_fraction()
     slew = slew_delta(limits, control_dt_s, fraction, config.default_phase) if fraction > 0 else None
     return Stack(Kinematics(urdf, names), limits, Path(path), config, slew)
@@ -258,12 +261,16 @@ class PeriodTrace:
 
 
 def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps, i: int, delay: int,
-                 trace: list | None = None, recorder=None) -> dict:
+                 trace: list | None = None, recorder=None, end_early=None, fault: tuple | None = None) -> dict:
     """One episode (through the filter when ``wm`` is given: enabled by an operator after its tare).
 
     ``recorder`` (e.g. ``robot_wm.learning.demos.LibraryRecorder``) sees every period as the
     topics would carry it: ``period(t, js, force, torque, nominal, command, result)``, then
-    ``task_started(t)`` after the start-up and ``finished(t, score, interventions, js)``."""
+    ``task_started(t)`` after the start-up and ``finished(t, score, interventions, js)``.
+    ``end_early(result) -> str | None``: asked after every scored period with the filter's output;
+    a reason ends the episode there (``train mixed``: an intervention or a trust drop), returned
+    as ``ended`` (None: the episode ran its length) and the episode counts as failed.
+    ``fault``: (task time s, ``FaultInjector.apply`` keyword arguments) injected into the arm then."""
     from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
     from robot_wm.core.slew import SlewLimiter
     from robot_wm.sim import ArmSim
@@ -320,7 +327,11 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
     violations: Counter = Counter()
     states: Counter = Counter()
     constraints: Counter = Counter()
+    ended = None
     for step in range(task.episode_steps):
+        if fault is not None and t - t_task >= fault[0] - 1e-9:
+            sim.faults.apply(**fault[1])
+            fault = None
         js = sim.joint_state()
         q = js.position_rad
         obs = task.observation(eps, i, t - t_task, q, js.velocity_radps, kin.tool_position_m(q))
@@ -346,7 +357,10 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
         for kind, bad in check(sim.true_joint_state().position_rad, speed).items():
             violations[kind] += bad
         score.update(t - t_task, tool)
+        if end_early is not None and (ended := end_early(res)) is not None:
+            break
     if recorder is not None:
         recorder.finished(t, score, interventions, sim.joint_state())  # the state the last command led to
-    return {"success": score.success, "metrics": score.metrics(), "peak": peak, "interventions": interventions,
-            "violations": violations, "states": states, "constraints": constraints}
+    return {"success": score.success and ended is None, "metrics": score.metrics(), "peak": peak,
+            "interventions": interventions, "violations": violations, "states": states, "constraints": constraints,
+            "ended": ended, "periods": step + 1}

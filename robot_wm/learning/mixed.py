@@ -1,0 +1,776 @@
+"""``robot-wm train mixed``: the policy keeps learning on the arm it will run on (the MIXED phase).
+
+The seed's second mechanism: in the MIXED phase the policy alternates real episodes — run by the
+stack (policy → slew limit → safety filter with its world model → arm) with the phase's reduced
+limits, the trust monitor watching, an operator standing by — with training in the world model's
+imagination. ``adapt`` fixes the world model once from demonstrations; this loop goes on:
+
+1. **Real episodes** (a round of ``real_per_round``), each recorded as a demonstration bag
+   (``robot_wm.bags``, source ``policy``, the round and exploration in its metadata). The policy
+   explores with temporally correlated noise (Ornstein-Uhlenbeck) **bounded by the world model's
+   uncertainty** (``exploration_scale``): full where the model's epistemic std of the next joint
+   velocities is below ``uncertainty_low_radps``, falling linearly to zero at
+   ``uncertainty_high_radps`` and off above (conservative: the deterministic policy alone); the
+   trust level applies on top (FULL 1, CAUTIOUS 0.5, lower 0). **An intervention** (the filter
+   stops or latches the arm) **or a trust drop** (to SLOW or lower from a better level: the
+   monitor starts low and climbs after its clean hold times) **ends the episode**; the
+   bag says why (``extra.ended``) and the episode counts as failed.
+2. **The world model** is fine-tuned from the current one on every real episode so far (cut into
+   windows of ``window_steps`` periods, so an episode that ended early is used too) plus simulator
+   replay, early-stopped and its variances recalibrated on the validation episodes (every fifth
+   one, fixed for the run: never trained on), as ``adapt`` does.
+3. **The trust calibration** of the new world model is made from the real bags (conformal
+   quantiles at ``calibration_exceedance``: with a few minutes of data it cannot rest on
+   config/trust.yaml's 1e-4, which needs five; a larger exceedance gives lower thresholds, more
+   alarms, never fewer).
+4. **The policy** trains by the same limit-aware actor-critic as ``adapt`` in the new model's
+   imagination, from the real states (the real transitions as imagination's starts and as the
+   model's data), for ``I/R`` imagination episodes per real episode (``--ratio R:I``; one
+   imagination episode is one batch of imagined rollouts, 256 × 20 periods), the critic kept
+   across rounds. The update is **accepted** only when an imagined tracking validation on the
+   validation episodes' states improves on the round's starting actor; else the round keeps
+   the previous policy with the new world model.
+5. Every round's set (world model, policy, trust calibration) is written to
+   ``OUT/rounds/rNNN`` with its lineage and, with ``register``, added to the model registry;
+   ``OUT/mixed.json`` is rewritten atomically after each round, so a killed run resumes from the
+   last finished round (the real episodes of an unfinished round are kept: complete bags count,
+   an interrupted one is moved to ``OUT/interrupted``).
+
+The run never leaves the MIXED phase: promotion stays an operator's decision, with the run's
+numbers (``mixed.json``) as evidence. This module runs the real episodes on the library-mode
+simulator (``--library --profile P``): the same core objects the nodes run, much faster than
+real time.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robot_wm.core.safety import FilterState, TrustLevel
+
+STATE_FILE = "mixed.json"
+TRUST_FACTORS = {TrustLevel.FULL: 1.0, TrustLevel.CAUTIOUS: 0.5}  # other levels: no exploration
+
+
+class MixedError(ValueError):
+    """A run that cannot start or go on; the message says why."""
+
+
+@dataclass(frozen=True)
+class MixedConfig:
+    """Settings of ``train mixed`` (config/training.yaml, section ``mixed``; the world model's and
+    the policy's fine-tune settings are ``adapt``'s)."""
+
+    real_per_round: int = 10  # real episodes between two imagination phases
+    ratio: str = "1:10"  # real episodes : imagination episodes (one = one batch of imagined rollouts)
+    exploration_std: float = 0.1  # stationary std of the exploration noise, fraction of the action limit
+    exploration_tau_s: float = 0.2  # its correlation time (Ornstein-Uhlenbeck)
+    uncertainty_low_radps: float = 0.008  # epistemic std of the next q̇ (max joint) below which exploration is full
+    uncertainty_high_radps: float = 0.02  # ... at and above which it is off
+    end_level: str = "SLOW"  # a trust level at or below this ends a real episode
+    window_steps: int = 100  # real episodes are cut into windows of this many periods for training
+    validation_every: int = 5  # every n-th real episode is a validation episode (never trained on)
+    calibration_exceedance: float = 1e-3  # the run's own trust calibrations (see the module docstring)
+    calibration_episodes: int = 8  # base model without a calibration for the arm: episodes recorded first
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        parse_ratio(self.ratio)
+        for name in ("real_per_round", "window_steps", "validation_every", "calibration_episodes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"mixed.{name}={getattr(self, name)}: expected an integer >= 1")
+        if int(self.window_steps) < 50:
+            raise ValueError(f"mixed.window_steps={self.window_steps}: expected >= 50 (the loader's shortest episode)")
+        if not 0.0 <= self.exploration_std <= 1.0:
+            raise ValueError(f"mixed.exploration_std={self.exploration_std}: expected a fraction in [0, 1]")
+        if not self.exploration_tau_s > 0:
+            raise ValueError(f"mixed.exploration_tau_s={self.exploration_tau_s}: expected > 0")
+        if not 0.0 <= self.uncertainty_low_radps < self.uncertainty_high_radps:
+            raise ValueError(f"mixed.uncertainty_low_radps={self.uncertainty_low_radps}, uncertainty_high_radps="
+                             f"{self.uncertainty_high_radps}: expected 0 <= low < high")
+        if self.end_level not in TrustLevel.__members__:
+            raise ValueError(f"mixed.end_level={self.end_level!r}: expected one of {', '.join(TrustLevel.__members__)}")
+        if not 0.0 < self.calibration_exceedance < 0.5:
+            raise ValueError(f"mixed.calibration_exceedance={self.calibration_exceedance}: expected a value in (0, 0.5)")
+
+
+def parse_ratio(text: str) -> tuple[int, int]:
+    """"R:I" -> (R, I): R real episodes alternate with I imagination episodes (integers >= 1, >= 0)."""
+    parts = str(text).split(":")
+    try:
+        r, i = (int(p) for p in parts)
+    except ValueError:
+        r = i = -1
+    if len(parts) != 2 or r < 1 or i < 0:
+        raise ValueError(f"ratio {text!r}: expected R:I with integers R >= 1 real and I >= 0 imagination episodes, "
+                         f"e.g. 1:10")
+    return r, i
+
+
+def imagination_episodes(real_episodes: int, ratio: str) -> int:
+    """Imagination episodes (policy-training batches) that ``real_episodes`` real ones earn."""
+    r, i = parse_ratio(ratio)
+    return (int(real_episodes) * i) // r
+
+
+def exploration_scale(uncertainty: float, low: float, high: float, level: TrustLevel = TrustLevel.FULL) -> float:
+    """The exploration rule: 1 below ``low``, falling linearly to 0 at ``high``, 0 above (and for
+    a non-finite uncertainty), times the trust level's factor (FULL 1, CAUTIOUS 0.5, else 0)."""
+    u = float(uncertainty)
+    if not math.isfinite(u) or u >= high:
+        return 0.0
+    scale = 1.0 if u <= low else (high - u) / (high - low)
+    return scale * TRUST_FACTORS.get(TrustLevel(level), 0.0)
+
+
+class ExploringPolicy:
+    """A deterministic policy plus uncertainty-bounded exploration noise (see the module docstring).
+
+    ``predictor``: the world model runner that pairs states with the commands sent (its what-if
+    query does not disturb its history); ``trust_level()``: the monitor's level now;
+    ``speed_factor()``: what the policy node scales its command by (``robot_wm.core.slew.trust_scales``:
+    the phase's and the level's reduced speed, so that the policy respects them itself). Every
+    period's (uncertainty, scale) goes to ``log``."""
+
+    def __init__(self, policy, predictor, cfg: MixedConfig, action_limit_radps, dt_s: float, seed: int,
+                 trust_level=lambda: TrustLevel.FULL, speed_factor=lambda: 1.0) -> None:
+        self.policy, self.predictor, self.cfg = policy, predictor, cfg
+        self.speed_factor = speed_factor
+        self.name = f"{getattr(policy, 'name', 'policy')}+exploration"
+        self.limit = np.asarray(action_limit_radps, dtype=float)
+        self.alpha = float(np.exp(-dt_s / cfg.exploration_tau_s))
+        self.rng = np.random.default_rng(seed)
+        self.noise = np.zeros_like(self.limit)
+        self.trust_level = trust_level
+        self.log: list[tuple[float, float, int]] = []  # (uncertainty, scale, trust level) per period
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        action = np.asarray(self.policy.act(obs), dtype=float) * self.speed_factor()
+        n = action.shape[0]
+        pred = self.predictor.predict(obs[:n], obs[n:2 * n], action, commit=False)
+        u = float(np.max(pred.epistemic_std[n:]))
+        scale = exploration_scale(u, self.cfg.uncertainty_low_radps, self.cfg.uncertainty_high_radps, self.trust_level())
+        # unit-variance OU noise; its size is set per period by the rule
+        self.noise = self.alpha * self.noise + math.sqrt(1.0 - self.alpha ** 2) * self.rng.standard_normal(n)
+        self.log.append((u, scale, int(self.trust_level())))
+        if scale <= 0.0 or self.cfg.exploration_std <= 0.0:
+            return action
+        return np.clip(action + scale * self.cfg.exploration_std * self.limit * self.noise, -self.limit, self.limit)
+
+
+# ------------------------------------------------------------------------------ real episodes
+class EpisodeGuard:
+    """When a real episode ends early: the safety filter stopped or latched the arm (an
+    intervention: any state but OK and FILTERING), or the trust level fell to ``end_level`` or
+    lower from a better one reached in this episode (a trust drop). Call once per period with the
+    filter's output and the monitor's; returns the reason, or None to go on."""
+
+    def __init__(self, end_level: TrustLevel) -> None:
+        self.end_level = TrustLevel(end_level)
+        self.best = TrustLevel.HUMAN  # the best level reached so far (the monitor climbs after a start)
+
+    def __call__(self, result, trust) -> str | None:
+        if result is not None and result.state not in (FilterState.OK, FilterState.FILTERING):
+            return f"intervention: the safety filter went to {result.state.name} ({result.reason or result.state_text})"
+        if trust is None:
+            return None
+        if trust.level >= self.end_level and self.best < self.end_level:
+            return f"trust drop: {self.best.name} -> {trust.level.name} ({trust.reason})"
+        self.best = min(self.best, TrustLevel(trust.level))
+        return None
+
+
+class ContinuousTrust:
+    """One trust monitor over the whole run, as the trust_monitor node runs beside the arm: the
+    episodes' clocks laid end to end (no prediction pairs across two episodes),
+    the calibration replaced when a round's model comes in (``set_calibration``, as after a swap).
+
+    The monitor starts at STOP and climbs one level per clean hold; ``settle`` holds the arm at
+    rest (zero command, the world model predicting) until it is FULL, as an operator waits before
+    starting an episode."""
+
+    MAX_SETTLE_S = 20.0
+
+    def __init__(self, kinematics, calibration, dt_s: float) -> None:
+        from robot_wm.core.trust import TrustConfig, TrustMonitor
+        from robot_wm.core.trust.tracker import TrustTracker
+
+        self.tracker = TrustTracker(TrustMonitor(TrustConfig(), calibration), kinematics, dt_s)
+        self.dt_s = dt_s
+        self.offset = 0.0
+        self.last = -1.0
+        self.settled_s = 0.0  # time spent at rest waiting for FULL, in all
+
+    def set_calibration(self, calibration) -> None:
+        self.tracker.monitor.set_calibration(calibration)
+
+    @property
+    def level(self) -> TrustLevel:
+        return TrustLevel(self.tracker.monitor.level)
+
+    def new_episode(self) -> None:
+        """The next episode's clock goes on one period after this one's end (a longer silence would
+        read as stale inputs); the predictions pending for the old episode's states are dropped."""
+        self.offset = self.last + self.dt_s
+        self.tracker.drop_through(math.inf)
+
+    def measurement(self, t_s, *args):
+        self.last = t_s + self.offset
+        return self.tracker.measurement(self.last, *args)
+
+    def prediction(self, t_s, *args) -> None:
+        self.tracker.prediction(t_s + self.offset, *args)
+
+    def settle(self, profile, q0_rad, predictor, seed: int) -> float:
+        """Hold the arm at rest at ``q0_rad`` until the level is FULL (at most MAX_SETTLE_S); seconds spent."""
+        from robot_wm.sim import ArmSim
+
+        if self.level == TrustLevel.FULL:
+            return 0.0
+        self.new_episode()
+        sim = ArmSim(profile, seed=seed, q0_rad=q0_rad)
+        steps = int(round(self.dt_s / sim.dt_s))
+        predictor.reset()
+        zero = np.zeros(len(q0_rad))
+        t = 0.0
+        while self.level != TrustLevel.FULL and t < self.MAX_SETTLE_S:
+            js = sim.joint_state()
+            self.measurement(t, js.position_rad, js.velocity_radps, None, False)
+            pred = predictor.predict(js.position_rad, js.velocity_radps, zero)
+            self.prediction(t, pred.next_state, pred.epistemic_std, pred.aleatoric_std)
+            sim.set_command(zero)
+            sim.step(steps)
+            t += self.dt_s
+        self.settled_s += t
+        return t
+
+
+def run_real_episodes(task_name: str, profile: str, set_dir: Path, calibration, indices: list[int], out: Path,
+                      cfg: MixedConfig, *, explore: bool = True, round_index: int = 0, trust: ContinuousTrust | None = None,
+                      progress: bool = True, fault: tuple | None = None) -> list[dict]:
+    """Run and record the real episodes ``indices`` (the task's episodes of ``cfg.seed``) with the
+    set in ``set_dir`` in the MIXED phase; one bag each in ``out``. ``trust``: the run's monitor
+    (its calibration set to ``calibration``; a new one when None). ``fault``: (task time s, the
+    ``FaultInjector.apply`` arguments) injected into every episode (fault-injection tests).
+    Returns one summary per episode."""
+    from tqdm import tqdm
+
+    from robot_wm import description
+    from robot_wm.bags import EpisodeBagWriter, EpisodeMeta
+    from robot_wm.core.policy_runner import PolicyRunner
+    from robot_wm.core.safety import Phase
+    from robot_wm.core.slew import trust_scales
+    from robot_wm.core.tasks import get_task
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.learning.demos import LibraryRecorder
+    from robot_wm.learning.stack_eval import PlantCheck, _run_episode, build_stack
+    from robot_wm.sim import load_profile
+
+    task = get_task(task_name)
+    prof = load_profile(profile)
+    dt = task.control_dt_s
+    built = build_stack(dt, set_dir, phase=Phase.MIXED)
+    names = tuple(built.kinematics.joint_names)
+    wm = WorldModelRunner(built.world_model_path, names, dt)
+    predictor = WorldModelRunner(built.world_model_path, names, dt, analytic=False)
+    policy = PolicyRunner(Path(set_dir) / "policy.onnx", names, dt, task.action_limit_radps, task=task.name)
+    models = {"policy": policy.version, "world_model": wm.version}
+    eps = task.episodes(max(indices) + 1, cfg.seed, description.initial_positions(names))
+    check = PlantCheck(built.kinematics, built.limits)
+    end_level = TrustLevel[cfg.end_level]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    base_ns = time.time_ns()
+    if trust is None:
+        trust = ContinuousTrust(built.kinematics, calibration, dt)
+    else:
+        trust.set_calibration(calibration)
+    for i in tqdm(indices, desc=f"real episodes [{prof.name}, MIXED]", unit="episode", file=sys.stderr,
+                  disable=not progress, leave=False):
+        settled = trust.settle(prof, eps.q0_rad[i], predictor, seed=eps.sim_seed + i)
+        wm.reset()
+        predictor.reset()
+        trust.new_episode()
+        tracker = trust
+        path = out / f"{task.name}_{prof.name}_{i:04d}"
+        with EpisodeBagWriter(path) as writer:
+            rec = LibraryRecorder(writer, task, eps, i, names, dt, base_ns, tracker, predictor, phase=int(Phase.MIXED))
+            level = lambda: rec.last_trust.level if rec.last_trust is not None else TrustLevel.FULL  # noqa: E731
+            # the policy node in MIXED: its command scaled to the phase's and the level's speed (its own
+            # limits are the simulator's), its slew limit the phase's (build_stack)
+            speed = lambda: trust_scales(built.limits, level(), Phase.MIXED, base_phase=Phase.SIM)[0]  # noqa: E731
+            actor = ExploringPolicy(policy, predictor, cfg if explore else dataclasses.replace(cfg, exploration_std=0.0),
+                                    task.action_limit_radps, dt, seed=cfg.seed * 100_003 + i, trust_level=level,
+                                    speed_factor=speed)
+
+            guard = EpisodeGuard(end_level)
+            ep = _run_episode(actor, prof, built, wm, check, task, eps, i, 1, recorder=rec,
+                              end_early=lambda res: guard(res, rec.last_trust), fault=fault)
+            u = np.array([x[0] for x in actor.log]) if actor.log else np.zeros(0)
+            s = np.array([x[1] for x in actor.log]) if actor.log else np.zeros(0)
+            summary = {"index": i, "round": round_index, "success": bool(ep["success"]), "ended": ep["ended"],
+                       "trust_settle_s": round(settled, 2),
+                       "periods": int(ep["periods"]), "tracking_rms_m": _metric(ep), "filter_periods": int(ep["interventions"]),
+                       "violations": {k: int(v) for k, v in ep["violations"].items()},
+                       "exploration": {"enabled": bool(explore), "std_fraction": cfg.exploration_std if explore else 0.0,
+                                       "uncertainty_median_radps": _r(np.median(u)) if u.size else None,
+                                       "scale_mean": _r(s.mean()) if s.size else None,
+                                       "share_off": _r(np.mean(s <= 0.0)) if s.size else None,
+                                       "trust_full_share": _r(np.mean([x[2] == 0 for x in actor.log])) if s.size else None}}
+            meta = EpisodeMeta(task=task.name, robot=prof.name, source="policy", success=bool(ep["success"]),
+                               error_m=rec.error, interventions=0, filter_interventions=int(ep["interventions"]),
+                               start_ns=rec.ns(rec.t_task), end_ns=rec.end_ns, dt_s=dt, joint_names=list(names),
+                               models=models, index=i, library=True,
+                               extra={"seed": cfg.seed, "phase": "MIXED", "mixed": summary})
+            writer.close(meta)
+        summaries.append(summary)
+        base_ns = rec.end_ns + 1_000_000_000
+    return summaries
+
+
+def _metric(ep: dict) -> float | None:
+    m = ep["metrics"]
+    v = m.get("tracking_rms_m", m.get("final_error_m"))
+    return _r(v) if v is not None and np.isfinite(v) else None
+
+
+def _r(x, digits: int = 6):
+    return None if x is None or not np.isfinite(x) else round(float(x), digits)
+
+
+# ------------------------------------------------------------------------------ training data
+def load_windows(bag_paths: list[Path], task: str, window: int):
+    """The real episodes as one ``Dataset`` of windows of ``window`` periods (the last window of an
+    episode ends at its end); episodes shorter than a window are left out and counted."""
+    from robot_wm.learning.data import Dataset
+    from robot_wm.learning.demos import load_demos
+
+    parts, short = [], 0
+    for p in bag_paths:
+        data, _, _ = load_demos([p], task=task)
+        steps = data.n_steps
+        if steps < window:
+            short += 1
+            continue
+        starts = list(range(0, steps - window + 1, window))
+        if starts[-1] != steps - window:
+            starts.append(steps - window)
+        for s in starts:
+            parts.append(Dataset(data.q_rad[:, s:s + window + 1], data.qdot_radps[:, s:s + window + 1],
+                                 data.action_radps[:, s:s + window], data.tool_m[:, s:s + window + 1],
+                                 data.joint_names, data.dt_s, data.profiles))
+    return (Dataset.concatenate(parts) if parts else None), short
+
+
+def split_bags(bag_paths: list[Path], every: int) -> tuple[list[Path], list[Path]]:
+    """(training, validation) bags: the episode index decides, so the split never changes in a run."""
+    from robot_wm import bags
+
+    train, val = [], []
+    for p in bag_paths:
+        (val if bags.read_meta(p).index % every == every - 1 else train).append(p)
+    if not val and len(train) > 1:
+        val.append(train.pop())
+    return train, val
+
+
+def calibrate(bag_dir: Path, world_model: Path, exceedance: float, task: str, out: Path,
+              inherit_from: Path | None = None) -> str:
+    """The trust calibration of ``world_model`` from the bags of ``bag_dir`` (conformal quantiles
+    at ``exceedance``), written to ``out``. Too little operation for that: ``inherit_from``'s
+    thresholds re-issued for the new model (its variances were recalibrated on the real episodes,
+    so the normalized signals carry over, as the online learner's do); None: MixedError.
+    Returns what was done, for the report."""
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.learning.bag_calibration import needed_seconds, replay_run
+    from robot_wm.learning.trust_eval import calibrate_run
+
+    config, settings = load_trust_config(None)
+    run, version, n = replay_run(bag_dir, world_model, config, task=task)
+    seconds = float(len(run.t_s) * 0.01)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if seconds < needed_seconds(exceedance):
+        short = (f"{bag_dir}: {n} episode(s), {seconds:.0f} s: a calibration at exceedance {exceedance:g} needs "
+                 f"{needed_seconds(exceedance):.0f} s")
+        if inherit_from is None:
+            raise MixedError(short)
+        doc = json.loads(Path(inherit_from).read_text())
+        doc["source"] = (f"inherited from {doc.get('model_version')} ({doc.get('source')}) by train mixed: {short}; the "
+                         f"new model's variances were recalibrated on the real episodes")
+        doc["model_version"] = version
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+        calib_io.load(out, version)  # still a valid calibration
+        return f"inherited ({short})"
+    cal = calibrate_run(run, exceedance, settings.floor_map(), config, model_version=version,
+                        source=f"train-mixed:{bag_dir.name}:{n}ep:{seconds:.0f}s:exceedance{exceedance:g}")
+    calib_io.save(cal, out)
+    return f"calibrated on {n} real episodes ({seconds:.0f} s) at exceedance {exceedance:g}"
+
+
+# ------------------------------------------------------------------------------ the loop
+def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: int, cfg: MixedConfig,
+                adapt_cfg=None, *, ratio: str | None = None, register: bool = False, evaluate: bool = True,
+                progress: bool = True, command: str = "", stop_after_rounds: int | None = None) -> dict[str, Any]:
+    """Run (or resume) the loop of the module docstring until ``real_episodes`` real episodes are
+    done; returns the report (also ``out/mixed.json``). ``stop_after_rounds``: end after that many
+    rounds in this call (the state is kept: a later call resumes)."""
+    import torch
+
+    from robot_wm.core.atomic import write_json
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.learning.adapt import AdaptConfig, _collect_replay, _json_default, finetune_world_model
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.onnx_import import policy_from_onnx, world_model_from_onnx
+    from robot_wm.learning.stack_eval import build_stack
+    from robot_wm.sim import load_profile
+
+    adapt_cfg = adapt_cfg or AdaptConfig()
+    ratio = ratio or cfg.ratio
+    parse_ratio(ratio)
+    if real_episodes < 1:
+        raise MixedError(f"--real-episodes {real_episodes}: expected >= 1")
+    prof_name = load_profile(profile).name
+    base, out = Path(base).resolve(), Path(out)
+    for f in ("world_model.onnx", "policy.onnx"):
+        if not (base / f).is_file():
+            raise MixedError(f"--base {base}: no {f} (a model set directory holds world_model.onnx and policy.onnx)")
+    state_path = out / STATE_FILE
+    args = {"task": task, "base": str(base), "profile": prof_name, "ratio": ratio, "config": dataclasses.asdict(cfg)}
+    if state_path.exists():
+        state = json.loads(state_path.read_text())
+        if state.get("args") != args:
+            raise MixedError(f"{out}: holds a run with other settings ({state.get('args')}); resume it with those, "
+                             f"or choose a new --out")
+        if real_episodes < state["real_episodes_done"]:
+            raise MixedError(f"{out}: {state['real_episodes_done']} real episodes already done (> --real-episodes "
+                             f"{real_episodes})")
+    elif out.exists() and any(out.iterdir()):
+        raise MixedError(f"--out {out} exists, is not empty and holds no {STATE_FILE}: choose a new directory")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        state = {"args": args, "real_episodes_done": 0, "rounds": [], "current": str(base), "calibration_source": None,
+                 "registered": None, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    state["real_episodes_target"] = int(real_episodes)
+    real_dir, rounds_dir = out / "real", out / "rounds"
+    _set_aside_interrupted(real_dir, out / "interrupted")
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(adapt_cfg.threads)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        current = Path(state["current"])
+        cal_path = current / "trust" / f"{prof_name}.json"
+        if not state["rounds"] and not cal_path.exists():
+            cal_path = _base_calibration(task, prof_name, base, out, cfg, state, progress)
+        calibration = calib_io.load(cal_path, _wm_version(current))
+        dt = get_task(task).control_dt_s
+        trust = ContinuousTrust(build_stack(dt, current).kinematics, calibration, dt)
+        replay = None
+        critic = _load_critic(current)
+        done_rounds = 0
+        while state["real_episodes_done"] < real_episodes:
+            if stop_after_rounds is not None and done_rounds >= stop_after_rounds:
+                break
+            r = len(state["rounds"]) + 1
+            round_started, round_cpu = time.perf_counter(), time.process_time()
+            done_bags = _bags(real_dir)
+            have = {int(p.name.rsplit("_", 1)[1]) for p in done_bags}
+            first = state["real_episodes_done"]
+            n = min(cfg.real_per_round, real_episodes - first)
+            indices = [k for k in range(first, first + n) if k not in have]
+            episodes = [_bag_summary(p) for p in done_bags if first <= int(p.name.rsplit("_", 1)[1]) < first + n]
+            if indices:
+                episodes += run_real_episodes(task, prof_name, current, calibration, indices, real_dir, cfg,
+                                              round_index=r, trust=trust, progress=progress)
+            episodes.sort(key=lambda e: e["index"])
+            t_real = time.perf_counter() - round_started
+
+            # the world model, on every real episode so far
+            all_bags = _bags(real_dir)
+            train_bags, val_bags = split_bags(all_bags, cfg.validation_every)
+            train, short_t = load_windows(train_bags, task, cfg.window_steps)
+            hold, short_v = load_windows(val_bags, task, cfg.window_steps)
+            # every round starts from the set in force as exported (read back from its graphs, checked):
+            # what the real episodes ran is what goes on training, and a resumed run is the same run
+            wm0 = world_model_from_onnx(current / "world_model.onnx")
+            actor0, pcfg, _ = policy_from_onnx(current / "policy.onnx", task)
+            round_dir = rounds_dir / f"r{r:03d}"
+            if round_dir.exists():
+                shutil.rmtree(round_dir)  # a round killed before it was recorded in the state
+            round_dir.mkdir(parents=True)
+            if train is None or hold is None:
+                raise MixedError(f"round {r}: too few usable real episodes to train on (training windows: "
+                                 f"{0 if train is None else train.n_episodes}, validation: {0 if hold is None else hold.n_episodes}; "
+                                 f"{short_t + short_v} episode(s) ended before {cfg.window_steps} periods)")
+            if replay is None:
+                replay = _collect_replay(adapt_cfg.replay_transitions, adapt_cfg.seed + 7, progress)
+            wm_cfg = dataclasses.replace(adapt_cfg, seed=adapt_cfg.seed + r)
+            wm, wm_report = finetune_world_model(wm0, train, hold, replay, wm_cfg, progress)
+            t_wm = time.perf_counter() - round_started - t_real
+
+            # the policy, in the new model's imagination
+            actor, accepted, pol = actor0, False, None
+            iters = imagination_episodes(len(episodes), ratio)
+            if iters > 0:
+                actor, accepted, pol, critic = _train_policy_round(task, wm, actor0, pcfg, train, hold, adapt_cfg, iters,
+                                                                   critic, seed=adapt_cfg.seed + r, progress=progress)
+            _export_round(round_dir, task, wm, actor, pcfg, current, r, all_bags, replay, command, accepted, iters, ratio)
+            if critic is not None:
+                torch.save(critic, round_dir / "critic.pt")  # a state dict
+            cal_note = calibrate(real_dir, round_dir / "world_model.onnx", cfg.calibration_exceedance, task,
+                                 round_dir / "trust" / f"{prof_name}.json", inherit_from=cal_path)
+            row = _round_row(r, episodes, state["real_episodes_done"] + n, wm_report, pol, accepted, iters, round_dir,
+                             t_real, t_wm, time.perf_counter() - round_started, time.process_time() - round_cpu,
+                             short_t + short_v, train.n_episodes, hold.n_episodes)
+            row["trust_calibration"] = cal_note
+            if register:
+                row["registry"] = _register(round_dir, task, current, state, row, command)
+                state["registered"] = row["registry"]["version"]
+            state["rounds"].append(row)
+            state["real_episodes_done"] += n
+            state["current"] = str(round_dir.resolve())
+            write_json(state_path, json.loads(json.dumps(state, default=_json_default)))
+            current = round_dir
+            cal_path = current / "trust" / f"{prof_name}.json"
+            calibration = calib_io.load(cal_path, _wm_version(current))
+            done_rounds += 1
+        finished = state["real_episodes_done"] >= real_episodes
+        if finished:
+            _publish(out, Path(state["current"]))
+        state["timing"] = {"this_call_wall_s": round(time.perf_counter() - wall0, 1),
+                           "this_call_cpu_s": round(time.process_time() - cpu0, 1), "threads": adapt_cfg.threads,
+                           "rounds_wall_s": round(sum(x["seconds"]["total"] for x in state["rounds"]), 1),
+                           "rounds_cpu_s": round(sum(x["seconds"]["cpu"] for x in state["rounds"]), 1)}
+        state["summary"] = _summary(state)
+        if finished and evaluate and adapt_cfg.eval_episodes > 0:
+            from robot_wm.learning.adapt import _stack_eval
+
+            state["stack"] = {
+                "before": _stack_eval(base, task, prof_name, adapt_cfg.eval_episodes, adapt_cfg.eval_seed),
+                "after": _stack_eval(Path(state["current"]), task, prof_name, adapt_cfg.eval_episodes, adapt_cfg.eval_seed),
+                "nominal_reference": _stack_eval(base, task, "nominal", adapt_cfg.eval_episodes, adapt_cfg.eval_seed)}
+        state["finished"] = finished
+        write_json(state_path, json.loads(json.dumps(state, default=_json_default)))
+        return state
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def _wm_version(set_dir: Path) -> str:
+    from robot_wm.core.onnx_model import read_sidecar
+
+    return read_sidecar(Path(set_dir) / "world_model.onnx")["version"]
+
+
+def _bags(directory: Path) -> list[Path]:
+    from robot_wm import bags
+
+    if not directory.exists():
+        return []
+    complete, _ = bags.list_bags(directory)
+    return sorted(complete)
+
+
+def _set_aside_interrupted(real_dir: Path, aside: Path) -> None:
+    """Bags a kill left unfinished are moved out of the training directory (kept, not used)."""
+    from robot_wm import bags
+
+    if not real_dir.exists():
+        return
+    _, broken = bags.list_bags(real_dir)
+    for p in broken:
+        aside.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(p), str(aside / p.name))
+
+
+def _bag_summary(path: Path) -> dict:
+    from robot_wm import bags
+
+    meta = bags.read_meta(path)
+    return dict(meta.extra.get("mixed") or {"index": meta.index, "success": meta.success})
+
+
+def _base_calibration(task: str, profile: str, base: Path, out: Path, cfg: MixedConfig, state: dict, progress: bool) -> Path:
+    """A trust calibration of the base world model for this arm: the set's, the package's, or one
+    made from ``calibration_episodes`` episodes of the base policy without exploration."""
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.learning.trust_eval import _recording_calibration, default_calibration_path
+
+    version = _wm_version(base)
+    for candidate in (base / "trust" / f"{profile}.json", default_calibration_path(profile, task)):
+        try:
+            calib_io.load(candidate, version)
+        except Exception:  # noqa: BLE001 - missing, or made for another model: look further
+            continue
+        state["calibration_source"] = str(candidate)
+        return candidate
+    cal_dir = out / "calibration"
+    have = len(_bags(cal_dir))
+    if have < cfg.calibration_episodes:
+        run_real_episodes(task, profile, base, _recording_calibration(version),
+                          list(range(10_000 + have, 10_000 + cfg.calibration_episodes)), cal_dir, cfg, explore=False,
+                          round_index=0, progress=progress)
+    path = out / "calibration" / "trust" / f"{profile}.json"
+    calibrate(cal_dir, base / "world_model.onnx", cfg.calibration_exceedance, task, path)
+    state["calibration_source"] = f"{cfg.calibration_episodes} episodes of the base set without exploration ({path})"
+    return path
+
+
+def _load_critic(set_dir: Path):
+    import torch
+
+    path = Path(set_dir) / "critic.pt"
+    return torch.load(path, weights_only=True) if path.exists() else None
+
+
+def _train_policy_round(task: str, wm, actor0, pcfg, train, hold, adapt_cfg, iterations: int, critic_state, *, seed: int,
+                        progress: bool):
+    """One round's policy update; accepted only when the imagined tracking validation improves."""
+    from robot_wm import description
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.adapt import ImaginedTracking
+    from robot_wm.learning.pipeline import WorldModelDynamics
+    from robot_wm.learning.policy import Critic, ObsNormalizer, task_layout, train_policy
+    from robot_wm.learning.torch_kinematics import TorchToolFK
+
+    urdf = description.expand()
+    names = description.joint_limits(urdf).names
+    spec = get_task(task).spec
+    fk = TorchToolFK(urdf, names)
+    policy_cfg = dataclasses.replace(pcfg, iterations=iterations, actor_lr=adapt_cfg.policy_actor_lr, seed=seed)
+    critic = Critic(ObsNormalizer(actor0.norm.mean.numpy().astype(float), actor0.norm.std.numpy().astype(float),
+                                  task_layout(spec)), policy_cfg.hidden)
+    fresh = critic_state is None
+    if not fresh:
+        critic.load_state_dict(critic_state if isinstance(critic_state, dict) else critic_state.state_dict())
+    warmup = min(adapt_cfg.critic_warmup, iterations // 2) if fresh else 0
+    horizon = adapt_cfg.validation_horizon or (60 if task == "track" else 150)
+    validate = ImaginedTracking(wm, hold, spec, fk, seed=seed, horizon=horizon)
+    actor, report = train_policy(policy_cfg, WorldModelDynamics(wm), fk, train, spec, description.initial_positions(names),
+                                 progress=progress, init_actor=copy.deepcopy(actor0), critic_warmup=warmup,
+                                 validate=validate, validate_every=max(1, min(adapt_cfg.validate_every, iterations)),
+                                 critic=critic)
+    scores = [s for _, s in report.validation]
+    accepted = len(scores) > 1 and min(scores) < scores[0]
+    return (actor if accepted else actor0), accepted, report, critic.state_dict()
+
+
+def _export_round(round_dir: Path, task: str, wm, actor, pcfg, parent: Path, r: int, bags_used: list[Path], replay,
+                  command: str, accepted: bool, iterations: int, ratio: str) -> None:
+    from robot_wm import description
+    from robot_wm.bags import bag_sha256
+    from robot_wm.core.onnx_model import read_sidecar
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.adapt import _lineage_sha
+    from robot_wm.learning.policy import export_policy
+    from robot_wm.learning.world_model import export_world_model
+
+    names = description.joint_limits(description.expand()).names
+    shas = [bag_sha256(p) for p in bags_used]
+    lineage = _lineage_sha(shas, replay)
+    parent_wm, parent_pol = read_sidecar(parent / "world_model.onnx"), read_sidecar(parent / "policy.onnx")
+    wm_path = export_world_model(wm, round_dir / "world_model.onnx", lineage, metrics={"mixed_round": r, "command": command},
+                                 version=f"wm-mixed{r:03d}-{lineage[:8]}-{{onnx_sha8}}", training_command=command)
+    if accepted:
+        pol_path = export_policy(actor, round_dir / "policy.onnx", joint_names=names, task=get_task(task).spec,
+                                 dataset_sha256=lineage, version=f"policy-mixed{r:03d}-{lineage[:8]}-{{onnx_sha8}}",
+                                 metrics={"mixed_round": r, "imagination_episodes": iterations, "ratio": ratio},
+                                 config=pcfg, training_command=command)
+    else:  # the previous policy, unchanged (same file, same version)
+        for suffix in (".onnx", ".json"):
+            shutil.copyfile(parent / f"policy{suffix}", round_dir / f"policy{suffix}")
+        pol_path = round_dir / "policy.onnx"
+    for path, parent_side, changed in ((wm_path, parent_wm, True), (pol_path, parent_pol, accepted)):
+        side_path = path.with_suffix(".json")
+        side = json.loads(side_path.read_text())
+        if changed:
+            side["lineage"] = {"parent_version": parent_side.get("version"), "mixed_round": r,
+                               "real_bag_sha256": sorted(shas), "replay_dataset_sha256": replay.sha256 if replay else None}
+        side_path.write_text(json.dumps(side, indent=2))
+
+
+def _round_row(r, episodes, done, wm_report, pol, accepted, iters, round_dir, t_real, t_wm, total, cpu, short, n_train,
+               n_hold) -> dict:
+    ended = [e for e in episodes if e.get("ended")]
+    rms = [e["tracking_rms_m"] for e in episodes if e.get("tracking_rms_m") is not None and not e.get("ended")]
+    periods = sum(e.get("periods", 0) for e in episodes)
+    return {
+        "round": r, "real_episodes": len(episodes), "real_episodes_done": done,
+        "successes": sum(bool(e.get("success")) for e in episodes),
+        "ended_by_intervention": sum(str(e["ended"]).startswith("intervention") for e in ended),
+        "ended_by_trust": sum(str(e["ended"]).startswith("trust") for e in ended),
+        "ended": [{"index": e["index"], "why": e["ended"]} for e in ended],
+        "filter_intervention_rate": _r(sum(e.get("filter_periods", 0) for e in episodes) / max(periods, 1)),
+        "violations": sum(sum(e.get("violations", {}).values()) for e in episodes),
+        "tracking_rms_m_median": _r(np.median(rms)) if rms else None,
+        "exploration_scale_mean": _r(np.mean([e["exploration"]["scale_mean"] for e in episodes
+                                              if e.get("exploration", {}).get("scale_mean") is not None] or [np.nan])),
+        "exploration_off_share": _r(np.mean([e["exploration"]["share_off"] for e in episodes
+                                             if e.get("exploration", {}).get("share_off") is not None] or [np.nan])),
+        "episodes": episodes,
+        "world_model": {"holdout_nll_before": _r(wm_report.initial_holdout_nll),
+                        "holdout_nll_after": _r(float(np.mean(wm_report.best_holdout_nll))),
+                        "epochs": wm_report.epochs_run, "variance_scale": wm_report.variance_scale,
+                        "training_windows": n_train, "validation_windows": n_hold, "episodes_too_short": short},
+        "policy": {"imagination_episodes": iters, "accepted": bool(accepted),
+                   "validation_start_m": _r(pol.validation[0][1]) if pol and pol.validation else None,
+                   "validation_best_m": _r(min(s for _, s in pol.validation)) if pol and pol.validation else None},
+        "set": str(Path(round_dir).resolve()),
+        "seconds": {"real": round(t_real, 1), "world_model": round(t_wm, 1), "total": round(total, 1), "cpu": round(cpu, 1)},
+    }
+
+
+def _register(round_dir: Path, task: str, parent_dir: Path, state: dict, row: dict, command: str) -> dict:
+    from robot_wm import registry
+    from robot_wm.core.onnx_model import sha256_file
+
+    reg = registry.Registry()
+    reg.ensure_shipped()
+    parent = state.get("registered")
+    if parent is None:
+        base_policy = sha256_file(Path(parent_dir) / "policy.onnx")
+        base_wm = sha256_file(Path(parent_dir) / "world_model.onnx")
+        parent = next((i.version for i in reg.list(task) if i.files.get("policy.onnx") == base_policy
+                       and i.files.get("world_model.onnx") == base_wm), None)
+    metrics = {k: row[k] for k in ("round", "real_episodes_done", "successes", "ended_by_intervention", "ended_by_trust",
+                                   "filter_intervention_rate", "tracking_rms_m_median", "violations")}
+    metrics |= {"world_model": row["world_model"], "policy": row["policy"]}
+    info = reg.add(round_dir, task, parent=parent, activate=False,
+                   lineage={"training_data": {"sim_dataset_sha256": None,
+                                              "demo_bags_sha256": sorted(json.loads((round_dir / "world_model.json").read_text())
+                                                                         ["lineage"]["real_bag_sha256"])},
+                            "command": command, "metrics": metrics, "phase": "MIXED", "robots": [state["args"]["profile"]]})
+    return {"version": info.version, "parent": parent}
+
+
+def _publish(out: Path, final: Path) -> None:
+    """The last round's set, also at the top of ``out`` (a model set directory like any other)."""
+    for name in ("world_model.onnx", "world_model.json", "policy.onnx", "policy.json"):
+        tmp = out / f".{name}.tmp"
+        shutil.copyfile(final / name, tmp)
+        tmp.replace(out / name)
+    if (final / "trust").exists():
+        shutil.copytree(final / "trust", out / "trust", dirs_exist_ok=True)
+
+
+def _summary(state: dict) -> dict:
+    rounds = state["rounds"]
+    eps = [e for r in rounds for e in r["episodes"]]
+    n = len(eps)
+    return {"real_episodes": n, "rounds": len(rounds), "accepted_policy_updates": sum(r["policy"]["accepted"] for r in rounds),
+            "success_rate": _r(np.mean([bool(e.get("success")) for e in eps])) if n else None,
+            "interventions_per_100": _r(100.0 * sum(r["ended_by_intervention"] for r in rounds) / max(n, 1), 2),
+            "trust_drops_per_100": _r(100.0 * sum(r["ended_by_trust"] for r in rounds) / max(n, 1), 2),
+            "violations": sum(r["violations"] for r in rounds),
+            "filter_intervention_rate": _r(np.mean([r["filter_intervention_rate"] for r in rounds])) if rounds else None}
