@@ -261,3 +261,39 @@ def test_the_cli_refuses_live_runs_and_a_missing_profile(tmp_path):
                        (["train", "mixed", "--library", "--out", str(tmp_path / "a"), "--real-episodes", "3"], "--profile")):
         proc = subprocess.run([sys.executable, "-m", "robot_wm.cli", *argv], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and text in proc.stderr, proc.stderr
+
+
+def test_a_short_run_improves_a_deliberately_mismatched_policy(tmp_path):
+    """The shipped tracking policy with its last layer knocked off (noise on its weights): six real
+    episodes on the real twin and sixty imagination episodes later, the stack tracks new paths
+    (SIM-phase limits, through the filter) clearly better, on the arm itself."""
+    import shutil
+
+    import torch
+
+    from robot_wm import description
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.adapt import _stack_eval
+    from robot_wm.learning.onnx_import import policy_from_onnx
+    from robot_wm.learning.policy import export_policy
+
+    mismatched = tmp_path / "mismatched"
+    mismatched.mkdir()
+    actor, pcfg, _ = policy_from_onnx(TRACK / "policy.onnx", "track")
+    with torch.no_grad():
+        last = actor.net[-1]
+        last.weight.add_(0.3 * torch.randn(last.weight.shape, generator=torch.Generator().manual_seed(0)))
+    export_policy(actor, mismatched / "policy.onnx", joint_names=description.joint_limits(description.expand()).names,
+                  task=get_task("track").spec, dataset_sha256="0" * 64, version="policy-mismatched-{onnx_sha8}", config=pcfg)
+    for name in ("world_model.onnx", "world_model.json"):
+        shutil.copyfile(TRACK / name, mismatched / name)
+    before = _stack_eval(mismatched, "track", "real_twin", 6, 1000)
+    adapt_cfg = dataclasses.replace(TINY_ADAPT, critic_warmup=10, validate_every=10)
+    report = train_mixed("track", mismatched, tmp_path / "run", "real_twin", 6,
+                         MixedConfig(real_per_round=6, ratio="1:10", validation_every=3), adapt_cfg, progress=False,
+                         evaluate=False)
+    [row] = report["rounds"]
+    assert row["policy"]["accepted"] and row["policy"]["imagination_episodes"] == 60
+    after = _stack_eval(tmp_path / "run", "track", "real_twin", 6, 1000)
+    assert after["tracking_rms_m_median"] < 0.7 * before["tracking_rms_m_median"], (before, after)
+    assert after["violations"] == 0
