@@ -123,6 +123,13 @@ def test_a_trust_drop_ends_the_episode_and_the_bag_says_so(tmp_path):
                              fault=(2.0, {"kind": "push", "force_n": [0.0, 0.0, -400.0], "duration_s": 0.5}))
     assert ep["ended"].startswith("trust drop: FULL -> ") and not ep["success"]
     assert bags.read_meta(tmp_path / "track_real_twin_0000").extra["mixed"]["ended"] == ep["ended"]
+    # shorter than a training window: kept on disk, left out of the windows (and of the validation split)
+    from robot_wm.learning.mixed import _long_enough, split_bags
+
+    bag = tmp_path / "track_real_twin_0000"
+    assert 100 < ep["periods"] < 400
+    assert _long_enough([bag], 400) == [] and _long_enough([bag], 100) == [bag]
+    assert split_bags([bag], 5) == ([bag], [])  # one episode: it trains (train_mixed then says validation is missing)
 
 
 def test_the_guard_reads_the_real_filters_stop_and_only_a_drop_of_trust():

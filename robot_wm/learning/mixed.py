@@ -373,8 +373,22 @@ def load_windows(bag_paths: list[Path], task: str, window: int):
     return (Dataset.concatenate(parts) if parts else None), short
 
 
+def _long_enough(bag_paths: list[Path], window: int) -> list[Path]:
+    """The bags with at least one training window (an episode that ended sooner is kept on disk
+    and in the report, but gives no window)."""
+    from robot_wm import bags
+
+    out = []
+    for p in bag_paths:
+        meta = bags.read_meta(p)
+        if meta.duration_s / meta.dt_s + 1e-6 >= window:
+            out.append(p)
+    return out
+
+
 def split_bags(bag_paths: list[Path], every: int) -> tuple[list[Path], list[Path]]:
-    """(training, validation) bags: the episode index decides, so the split never changes in a run."""
+    """(training, validation) bags: the episode index decides, so the split never changes in a run
+    (when no validation episode is usable yet, the last training one validates)."""
     from robot_wm import bags
 
     train, val = [], []
@@ -498,9 +512,11 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
 
             # the world model, on every real episode so far
             all_bags = _bags(real_dir)
-            train_bags, val_bags = split_bags(all_bags, cfg.validation_every)
-            train, short_t = load_windows(train_bags, task, cfg.window_steps)
-            hold, short_v = load_windows(val_bags, task, cfg.window_steps)
+            usable = _long_enough(all_bags, cfg.window_steps)
+            train_bags, val_bags = split_bags(usable, cfg.validation_every)
+            train, _ = load_windows(train_bags, task, cfg.window_steps)
+            hold, _ = load_windows(val_bags, task, cfg.window_steps)
+            short = len(all_bags) - len(usable)
             # every round starts from the set in force as exported (read back from its graphs, checked):
             # what the real episodes ran is what goes on training, and a resumed run is the same run
             wm0 = world_model_from_onnx(current / "world_model.onnx")
@@ -512,7 +528,7 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             if train is None or hold is None:
                 raise MixedError(f"round {r}: too few usable real episodes to train on (training windows: "
                                  f"{0 if train is None else train.n_episodes}, validation: {0 if hold is None else hold.n_episodes}; "
-                                 f"{short_t + short_v} episode(s) ended before {cfg.window_steps} periods)")
+                                 f"{short} episode(s) ended before {cfg.window_steps} periods)")
             if replay is None:
                 replay = _collect_replay(adapt_cfg.replay_transitions, adapt_cfg.seed + 7, progress)
             wm_cfg = dataclasses.replace(adapt_cfg, seed=adapt_cfg.seed + r)
@@ -532,7 +548,7 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
                                  round_dir / "trust" / f"{prof_name}.json", inherit_from=cal_path)
             row = _round_row(r, episodes, state["real_episodes_done"] + n, wm_report, pol, accepted, iters, round_dir,
                              t_real, t_wm, time.perf_counter() - round_started, time.process_time() - round_cpu,
-                             short_t + short_v, train.n_episodes, hold.n_episodes)
+                             short, train.n_episodes, hold.n_episodes)
             row["trust_calibration"] = cal_note
             if register:
                 row["registry"] = _register(round_dir, task, current, state, row, command)
