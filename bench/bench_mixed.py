@@ -3,7 +3,7 @@ of real episodes, per arm profile, and what ``train mixed`` costs on this machin
 
     python bench/bench_mixed.py [--profiles real_twin worn_heavy] [--checkpoints 10 25 50]
                                 [--base models/track] [--real-per-round 5] [--eval-episodes 32]
-                                [--out out/bench_mixed] [--json]
+                                [--exploration-std 0] [--out out/bench_mixed] [--json]
 
 Per profile: one ``train mixed --library`` run (config/training.yaml ``mixed`` and ``adapt``;
 ``--real-per-round`` so that the checkpoints fall on round ends) up to the largest checkpoint;
@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--base", default=str(REPO / "models" / "track"))
     ap.add_argument("--real-per-round", type=int, default=5)
     ap.add_argument("--ratio", default=None)
+    ap.add_argument("--exploration-std", type=float, default=None, help="ablation: 0 = no exploration")
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--out", default=str(REPO / "out" / "bench_mixed"))
     ap.add_argument("--json", action="store_true", help="only the JSON line")
@@ -50,12 +51,15 @@ def main() -> int:
                               real_per_round=args.real_per_round)
     if args.ratio:
         cfg = dataclasses.replace(cfg, ratio=args.ratio)
+    if args.exploration_std is not None:
+        cfg = dataclasses.replace(cfg, exploration_std=args.exploration_std)
     acfg = load_section(config_path("training.yaml"), "adapt", AdaptConfig)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = Path(args.base).resolve()
     n_eval, seed = args.eval_episodes, acfg.eval_seed
     result = {"base": str(base), "eval_episodes": n_eval, "eval_seed": seed, "ratio": cfg.ratio,
+              "exploration_std": cfg.exploration_std,
               "real_per_round": cfg.real_per_round, "profiles": {}}
     t0 = time.perf_counter()
     result["nominal_reference"] = _stack_eval(base, "track", "nominal", n_eval, seed)
