@@ -115,7 +115,7 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
 
     axes[2].plot(u, [exploration_scale(v, cfg["uncertainty_low_radps"], cfg["uncertainty_high_radps"]) for v in u], "k--",
                  lw=1, label="the rule (trust FULL)")
-    axes[2].set(title="exploration scale per episode vs the model's uncertainty", xlabel="median epistemic std of q̇ (rad/s)",
+    axes[2].set(title="exploration vs uncertainty (per episode)", xlabel="median epistemic std of q̇ (rad/s)",
                 ylabel="mean scale", ylim=(-0.05, 1.05))
     axes[2].legend()
     fig.suptitle(f"robot-wm train mixed: {report['args']['task']} on {report['args']['profile']}, ratio {report['args']['ratio']}")
