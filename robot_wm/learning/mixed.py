@@ -61,15 +61,25 @@ STATE_FILE = "mixed.json"
 
 
 # ------------------------------------------------------------------------------ training data
-def load_windows(bag_paths: list[Path], task: str, window: int):
+def load_windows(bag_paths: list[Path], task: str, window: int, problems: list[str] | None = None):
     """The real episodes as one ``Dataset`` of windows of ``window`` periods (the last window of an
-    episode ends at its end); episodes shorter than a window are left out and counted."""
+    episode ends at its end); episodes shorter than a window are left out and counted. With
+    ``problems``, a bag the loader refuses (a live episode with a hole in its joint states: a
+    stalled machine) is left out too and its reason appended there; without, it raises."""
+    from robot_wm.bags import BagError
     from robot_wm.learning.data import Dataset
     from robot_wm.learning.demos import load_demos
 
     parts, short = [], 0
     for p in bag_paths:
-        data, _, _ = load_demos([p], task=task)
+        try:
+            data, _, _ = load_demos([p], task=task)
+        except BagError as exc:
+            if problems is None:
+                raise
+            problems.append(str(exc))
+            short += 1
+            continue
         steps = data.n_steps
         if steps < window:
             short += 1
@@ -147,10 +157,14 @@ def calibrate(bag_dir: Path, world_model: Path, exceedance: float, task: str, ou
 # ------------------------------------------------------------------------------ the loop
 def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: int, cfg: MixedConfig,
                 adapt_cfg=None, *, ratio: str | None = None, register: bool = False, evaluate: bool = True,
-                progress: bool = True, command: str = "", stop_after_rounds: int | None = None) -> dict[str, Any]:
+                progress: bool = True, command: str = "", stop_after_rounds: int | None = None,
+                arm=None) -> dict[str, Any]:
     """Run (or resume) the loop of the module docstring until ``real_episodes`` real episodes are
     done; returns the report (also ``out/mixed.json``). ``stop_after_rounds``: end after that many
-    rounds in this call (the state is kept: a later call resumes)."""
+    rounds in this call (the state is kept: a later call resumes). ``arm``: a running stack
+    (``robot_wm.learning.mixed_live.LiveArm``; ``profile`` is then the arm's name, its trust
+    calibration's) instead of the library-mode simulator; every round's set is then registered and
+    activated, so that the next round's episodes run it."""
     import torch
 
     from robot_wm.core.atomic import write_json
@@ -166,13 +180,17 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
     parse_ratio(ratio)
     if real_episodes < 1:
         raise MixedError(f"--real-episodes {real_episodes}: expected >= 1")
-    prof_name = load_profile(profile).name
+    live = arm is not None
+    register = register or live
+    prof_name = Path(profile).stem if live else load_profile(profile).name
     base, out = Path(base).resolve(), Path(out)
     for f in ("world_model.onnx", "policy.onnx"):
         if not (base / f).is_file():
             raise MixedError(f"--base {base}: no {f} (a model set directory holds world_model.onnx and policy.onnx)")
     state_path = out / STATE_FILE
     args = {"task": task, "base": str(base), "profile": prof_name, "ratio": ratio, "config": dataclasses.asdict(cfg)}
+    if live:
+        args["live"] = True
     if state_path.exists():
         state = json.loads(state_path.read_text())
         if state.get("args") != args:
@@ -196,11 +214,17 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
     try:
         current = Path(state["current"])
         cal_path = current / "trust" / f"{prof_name}.json"
-        if not state["rounds"] and not cal_path.exists():
-            cal_path = _base_calibration(task, prof_name, base, out, cfg, state, progress)
-        calibration = calib_io.load(cal_path, _wm_version(current))
-        dt = get_task(task).control_dt_s
-        trust = ContinuousTrust(build_stack(dt, current).kinematics, calibration, dt)
+        if live:
+            arm.check(current)
+            if not state["rounds"] and not cal_path.exists():
+                cal_path = _live_calibration(task, prof_name, state)
+            calibration = trust = None  # the graph's trust monitor watches the live episodes
+        else:
+            if not state["rounds"] and not cal_path.exists():
+                cal_path = _base_calibration(task, prof_name, base, out, cfg, state, progress)
+            calibration = calib_io.load(cal_path, _wm_version(current))
+            dt = get_task(task).control_dt_s
+            trust = ContinuousTrust(build_stack(dt, current).kinematics, calibration, dt)
         replay = None
         critic = _load_critic(current)
         done_rounds = 0
@@ -215,7 +239,9 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             n = min(cfg.real_per_round, real_episodes - first)
             indices = [k for k in range(first, first + n) if k not in have]
             episodes = [_bag_summary(p) for p in done_bags if first <= int(p.name.rsplit("_", 1)[1]) < first + n]
-            if indices:
+            if indices and live:
+                episodes += arm.run_episodes(current, indices, real_dir, r)
+            elif indices:
                 episodes += run_real_episodes(task, prof_name, current, calibration, indices, real_dir, cfg,
                                               round_index=r, trust=trust, progress=progress)
             episodes.sort(key=lambda e: e["index"])
@@ -225,9 +251,10 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             all_bags = _bags(real_dir)
             usable = _long_enough(all_bags, cfg.window_steps)
             train_bags, val_bags = split_bags(usable, cfg.validation_every)
-            train, _ = load_windows(train_bags, task, cfg.window_steps)
-            hold, _ = load_windows(val_bags, task, cfg.window_steps)
-            short = len(all_bags) - len(usable)
+            unusable: list[str] | None = [] if live else None
+            train, bad_train = load_windows(train_bags, task, cfg.window_steps, unusable)
+            hold, bad_hold = load_windows(val_bags, task, cfg.window_steps, unusable)
+            short = len(all_bags) - len(usable) + bad_train + bad_hold
             # every round starts from the set in force as exported (read back from its graphs, checked):
             # what the real episodes ran is what goes on training, and a resumed run is the same run
             wm0 = world_model_from_onnx(current / "world_model.onnx")
@@ -261,16 +288,21 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
                              t_real, t_wm, time.perf_counter() - round_started, time.process_time() - round_cpu,
                              short, train.n_episodes, hold.n_episodes)
             row["trust_calibration"] = cal_note
+            if unusable:
+                row["unusable_bags"] = unusable
             if register:
-                row["registry"] = _register(round_dir, task, current, state, row, command)
+                previous = state.get("registered")
+                row["registry"] = _register(round_dir, task, current, state, row, command, activate=live)
                 state["registered"] = row["registry"]["version"]
+                if live:
+                    arm.put_in_force(state["registered"], previous or "", f"train mixed round {r} ({out})")
             state["rounds"].append(row)
             state["real_episodes_done"] += n
             state["current"] = str(round_dir.resolve())
             write_json(state_path, json.loads(json.dumps(state, default=_json_default)))
             current = round_dir
             cal_path = current / "trust" / f"{prof_name}.json"
-            calibration = calib_io.load(cal_path, _wm_version(current))
+            calibration = None if live else calib_io.load(cal_path, _wm_version(current))
             done_rounds += 1
         finished = state["real_episodes_done"] >= real_episodes
         if finished:
@@ -280,7 +312,7 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
                            "rounds_wall_s": round(sum(x["seconds"]["total"] for x in state["rounds"]), 1),
                            "rounds_cpu_s": round(sum(x["seconds"]["cpu"] for x in state["rounds"]), 1)}
         state["summary"] = _summary(state)
-        if finished and evaluate and adapt_cfg.eval_episodes > 0:
+        if finished and evaluate and adapt_cfg.eval_episodes > 0 and _is_profile(prof_name):
             from robot_wm.learning.adapt import _stack_eval
 
             state["stack"] = {
@@ -458,7 +490,35 @@ def _round_row(r, episodes, done, wm_report, pol, accepted, iters, round_dir, t_
     }
 
 
-def _register(round_dir: Path, task: str, parent_dir: Path, state: dict, row: dict, command: str) -> dict:
+def _is_profile(name: str) -> bool:
+    """A simulator profile (the library stack evaluation can run on it), not a hardware arm's name."""
+    from robot_wm.sim import ProfileError, load_profile
+
+    try:
+        load_profile(name)
+    except (ProfileError, OSError, ValueError):
+        return False
+    return True
+
+
+def _live_calibration(task: str, robot: str, state: dict) -> Path:
+    """The trust calibration the running stack's monitor uses for ``robot`` (the registry's), which
+    the run's first own calibration inherits from when there is too little data."""
+    from robot_wm.registry import resolve
+
+    try:
+        path = Path(resolve(task, "calibration", profile=robot))
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    except (OSError, ValueError) as exc:
+        raise MixedError(f"no trust calibration for {robot!r} in the active {task} set: the trust monitor cannot reach "
+                         f"FULL without one (robot-wm trust calibrate --live); {exc}") from exc
+    state["calibration_source"] = str(path)
+    return path
+
+
+def _register(round_dir: Path, task: str, parent_dir: Path, state: dict, row: dict, command: str,
+              activate: bool = False) -> dict:
     from robot_wm import registry
     from robot_wm.core.onnx_model import sha256_file
 
@@ -473,7 +533,7 @@ def _register(round_dir: Path, task: str, parent_dir: Path, state: dict, row: di
     metrics = {k: row[k] for k in ("round", "real_episodes_done", "successes", "ended_by_intervention", "ended_by_trust",
                                    "filter_intervention_rate", "tracking_rms_m_median", "violations")}
     metrics |= {"world_model": row["world_model"], "policy": row["policy"]}
-    info = reg.add(round_dir, task, parent=parent, activate=False,
+    info = reg.add(round_dir, task, parent=parent, activate=activate,
                    lineage={"training_data": {"sim_dataset_sha256": None,
                                               "demo_bags_sha256": sorted(json.loads((round_dir / "world_model.json").read_text())
                                                                          ["lineage"]["real_bag_sha256"])},

@@ -22,9 +22,16 @@ def add_parser(train: argparse._SubParsersAction, common) -> None:
     p.add_argument("--ratio", default=None, help="R:I real to imagination episodes (one imagination episode = one batch "
                                                  "of 256 imagined rollouts); default config/training.yaml mixed.ratio")
     p.add_argument("--real-per-round", type=int, default=None, help="real episodes between two imagination phases")
-    p.add_argument("--library", action="store_true", help="real episodes on the library-mode simulator (required for now)")
-    p.add_argument("--profile", default=None, help="--library: the simulated arm's profile (the 'real' arm)")
-    p.add_argument("--register", action="store_true", help="add every round's set to the model registry (not activated)")
+    p.add_argument("--library", action="store_true", help="real episodes on the library-mode simulator instead of the "
+                                                          "running stack")
+    p.add_argument("--profile", default=None, help="the arm's profile: --library: the simulated 'real' arm; on a running "
+                                                   "stack: the profile the embedded arm runs (its trust calibration's name)")
+    p.add_argument("--robot", default=None, help="on a running stack with hardware: the arm's name (its trust calibration's "
+                                                 "and the bags')")
+    p.add_argument("--episode-timeout", type=float, default=120.0, help="on a running stack: seconds a real episode may "
+                                                                        "take before the run stops (default 120)")
+    p.add_argument("--register", action="store_true", help="add every round's set to the model registry (with --library "
+                                                           "not activated; on a running stack always, and activated)")
     p.add_argument("--eval-episodes", type=int, default=None, help="final stack evaluation episodes (0: none)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -42,12 +49,15 @@ def cmd_train_mixed(args) -> int:
     from robot_wm.paths import config_path
     from robot_wm.sim import ProfileError
 
-    if not args.library:
-        print("train mixed: real episodes on a running stack are not built yet; run them on the library-mode simulator "
-              "with --library --profile P", file=sys.stderr)
-        return 2
-    if not args.profile:
+    if args.library and not args.profile:
         print("train mixed: --library needs --profile (the simulated arm the real episodes run on)", file=sys.stderr)
+        return 2
+    if not args.library and not (args.profile or args.robot):
+        print("train mixed: say which arm the running stack drives: --profile P (the embedded arm's profile) or --robot "
+              "NAME (hardware); its trust calibration and the bags carry that name", file=sys.stderr)
+        return 2
+    if args.library and args.robot:
+        print("train mixed: --robot is for a running stack; --library runs the simulator --profile", file=sys.stderr)
         return 2
     try:
         path = Path(args.config) if args.config else config_path("training.yaml")
@@ -63,12 +73,21 @@ def cmd_train_mixed(args) -> int:
         print(f"train mixed: {exc}", file=sys.stderr)
         return 2
     base = Path(args.base) if args.base else default_base(args.task)
+    arm = None
     try:
-        report = train_mixed(args.task, base, Path(args.out), args.profile, args.real_episodes, cfg, acfg,
-                             register=args.register, progress=not args.no_progress, command=command_line())
+        if not args.library:
+            from robot_wm.learning.mixed_live import LiveArm
+
+            arm = LiveArm(args.task, args.robot or Path(args.profile).stem, cfg, episode_timeout_s=args.episode_timeout,
+                          progress=lambda line: print(f"train mixed: {line}", flush=True))
+        report = train_mixed(args.task, base, Path(args.out), args.robot or args.profile, args.real_episodes, cfg, acfg,
+                             register=args.register, progress=not args.no_progress, command=command_line(), arm=arm)
     except (MixedError, BagError, AdaptError, ModelError, ProfileError, FileNotFoundError, ValueError) as exc:
         print(f"train mixed: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if arm is not None:
+            arm.close()
     png = write_png(report, Path(args.out) / "mixed.png")
     if args.json:
         print(json.dumps(report, default=_json_default))

@@ -15,7 +15,7 @@ import numpy as np
 
 from robot_wm.core.safety import FilterState, TrustLevel
 
-TRUST_FACTORS = {TrustLevel.FULL: 1.0, TrustLevel.CAUTIOUS: 0.5}  # other levels: no exploration
+from robot_wm.core.exploration import TRUST_FACTORS, OUNoise, check_settings, explore, exploration_scale  # noqa: F401
 
 
 class MixedError(ValueError):
@@ -47,13 +47,8 @@ class MixedConfig:
                 raise ValueError(f"mixed.{name}={getattr(self, name)}: expected an integer >= 1")
         if int(self.window_steps) < 50:
             raise ValueError(f"mixed.window_steps={self.window_steps}: expected >= 50 (the loader's shortest episode)")
-        if not 0.0 <= self.exploration_std <= 1.0:
-            raise ValueError(f"mixed.exploration_std={self.exploration_std}: expected a fraction in [0, 1]")
-        if not self.exploration_tau_s > 0:
-            raise ValueError(f"mixed.exploration_tau_s={self.exploration_tau_s}: expected > 0")
-        if not 0.0 <= self.uncertainty_low_radps < self.uncertainty_high_radps:
-            raise ValueError(f"mixed.uncertainty_low_radps={self.uncertainty_low_radps}, uncertainty_high_radps="
-                             f"{self.uncertainty_high_radps}: expected 0 <= low < high")
+        check_settings(self.exploration_std, self.exploration_tau_s, self.uncertainty_low_radps,
+                       self.uncertainty_high_radps, prefix="mixed.")
         if self.end_level not in TrustLevel.__members__:
             raise ValueError(f"mixed.end_level={self.end_level!r}: expected one of {', '.join(TrustLevel.__members__)}")
         if not 0.0 < self.calibration_exceedance < 0.5:
@@ -79,16 +74,6 @@ def imagination_episodes(real_episodes: int, ratio: str) -> int:
     return (int(real_episodes) * i) // r
 
 
-def exploration_scale(uncertainty: float, low: float, high: float, level: TrustLevel = TrustLevel.FULL) -> float:
-    """The exploration rule: 1 below ``low``, falling linearly to 0 at ``high``, 0 above (and for
-    a non-finite uncertainty), times the trust level's factor (FULL 1, CAUTIOUS 0.5, else 0)."""
-    u = float(uncertainty)
-    if not math.isfinite(u) or u >= high:
-        return 0.0
-    scale = 1.0 if u <= low else (high - u) / (high - low)
-    return scale * TRUST_FACTORS.get(TrustLevel(level), 0.0)
-
-
 class ExploringPolicy:
     """A deterministic policy plus uncertainty-bounded exploration noise (see the module docstring).
 
@@ -104,9 +89,7 @@ class ExploringPolicy:
         self.speed_factor = speed_factor
         self.name = f"{getattr(policy, 'name', 'policy')}+exploration"
         self.limit = np.asarray(action_limit_radps, dtype=float)
-        self.alpha = float(np.exp(-dt_s / cfg.exploration_tau_s))
-        self.rng = np.random.default_rng(seed)
-        self.noise = np.zeros_like(self.limit)
+        self.noise = OUNoise(self.limit.shape[0], dt_s, cfg.exploration_tau_s, seed)
         self.trust_level = trust_level
         self.log: list[tuple[float, float, int]] = []  # (uncertainty, scale, trust level) per period
 
@@ -116,12 +99,9 @@ class ExploringPolicy:
         pred = self.predictor.predict(obs[:n], obs[n:2 * n], action, commit=False)
         u = float(np.max(pred.epistemic_std[n:]))
         scale = exploration_scale(u, self.cfg.uncertainty_low_radps, self.cfg.uncertainty_high_radps, self.trust_level())
-        # unit-variance OU noise; its size is set per period by the rule
-        self.noise = self.alpha * self.noise + math.sqrt(1.0 - self.alpha ** 2) * self.rng.standard_normal(n)
+        noise = self.noise.step()  # unit-variance OU noise; its size is set per period by the rule
         self.log.append((u, scale, int(self.trust_level())))
-        if scale <= 0.0 or self.cfg.exploration_std <= 0.0:
-            return action
-        return np.clip(action + scale * self.cfg.exploration_std * self.limit * self.noise, -self.limit, self.limit)
+        return explore(action, noise, scale, self.cfg.exploration_std, self.limit)
 
 
 # ------------------------------------------------------------------------------ real episodes

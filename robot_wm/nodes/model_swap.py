@@ -1,4 +1,4 @@
-"""Hot swap of the world model in a running node: load off the control thread, swap between two periods.
+"""Hot swap of the world model (and of the policy, ``PolicySwap``) in a running node: load off the control thread, swap between two periods.
 
 ``WorldModelSwap`` listens on ``/robot_wm/model_update`` (``robot_wm/msg/ModelUpdate``). An update for
 this node's task that activates a set (the online learner's "activate", the trust monitor's or an
@@ -54,8 +54,10 @@ class WorldModelSwap:
         self._started_ns = node.get_clock().now().nanoseconds  # older announcements are history (transient local)
         node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update, UPDATE_QOS)
 
+    KIND = "world_model"
+
     def _on_update(self, msg) -> None:
-        if msg.task != self.task or msg.model_kind != "world_model" or msg.action not in SWAP_ACTIONS \
+        if msg.task != self.task or msg.model_kind != self.KIND or msg.action not in SWAP_ACTIONS \
                 or not msg.accepted:
             return
         if msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec < self._started_ns:
@@ -64,7 +66,7 @@ class WorldModelSwap:
         if previous is not None and previous.is_alive():  # waited for on the new loader, not on this thread
             self.node.get_logger().warning(f"model update {msg.set_version}: still loading the previous one; "
                                            "this one is loaded after it")
-        self._loading = threading.Thread(target=self._load, args=(msg, previous), name="world_model_swap",
+        self._loading = threading.Thread(target=self._load, args=(msg, previous), name=f"{self.KIND}_swap",
                                          daemon=True)
         self._loading.start()
 
@@ -80,22 +82,25 @@ class WorldModelSwap:
 
         try:
             path = Path(msg.path)
-            active = Path(resolve(self.task, "world_model"))
+            active = Path(resolve(self.task, self.KIND))
             if path.resolve() != active.resolve():
-                raise ValueError(f"{path} is not the registry's active {self.task} world model ({active}): "
+                raise ValueError(f"{path} is not the registry's active {self.task} {self.KIND} ({active}): "
                                  "a late or stale announcement")
             if msg.sha256 and sha256_file(path) != msg.sha256:
                 raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
-            runner = load_runner(path, self.joint_names, self.dt_s, self.analytic)
+            runner = self._load_runner(path)
         except Exception as exc:  # noqa: BLE001 (anything that fails to load is refused, never raised)
             self.last_refusal = f"model update {msg.set_version} ({msg.action}) refused: {type(exc).__name__}: {exc}"
-            self.node.get_logger().error(f"{self.last_refusal}; keeping the current world model")
+            self.node.get_logger().error(f"{self.last_refusal}; keeping the current {self.KIND.replace('_', ' ')}")
             return
         with self._lock:
             self._pending = (runner, msg)
-        self.node.get_logger().info(f"world model {runner.version} ({msg.action} {msg.set_version}) loaded "
+        self.node.get_logger().info(f"{self.KIND.replace('_', ' ')} {runner.version} ({msg.action} {msg.set_version}) loaded "
                                     + (f"(linearized by {runner.linearization}) " if self.analytic else "")
                                     + "off the control thread: swapped in at the next period")
+
+    def _load_runner(self, path):
+        return load_runner(path, self.joint_names, self.dt_s, self.analytic)
 
     def take(self, current):
         """At the start of a period: the loaded runner, carrying ``current``'s command history, or None."""
@@ -114,6 +119,42 @@ class WorldModelSwap:
         self.swaps += 1
         self.node.get_logger().warning(f"world model swapped: {getattr(current, 'version', None)} -> {runner.version} "
                                        f"({msg.action}: {msg.reason})")
+        return runner
+
+
+class PolicySwap(WorldModelSwap):
+    """The same hot swap for the policy node (``model_kind`` "policy"): the file must be the
+    registry's active policy of the task, its SHA-256 the announced one, and it must load as a
+    policy of this task, arm and period (``PolicyRunner``); ``take`` hands the new runner over at the
+    start of a period. ``robot-wm train mixed`` announces the policy of each round's set this way."""
+
+    KIND = "policy"
+
+    def __init__(self, node: Node, task: str, joint_names, dt_s: float) -> None:
+        super().__init__(node, task, joint_names, dt_s, analytic=False)
+
+    def _load_runner(self, path):
+        import numpy as np
+
+        from robot_wm.core.policy_runner import PolicyRunner, layout_width
+
+        runner = PolicyRunner(path, self.joint_names, self.dt_s, task=self.task)
+        obs = np.zeros(layout_width(runner.obs_layout))
+        for _ in range(3):  # the session's first runs allocate and plan: not on the control thread
+            runner.act(obs)
+        return runner
+
+    def take(self, current):
+        if self._pending is None:
+            return None
+        with self._lock:
+            runner, msg = self._pending
+            self._pending = None
+        if current is not None and getattr(current, "version", None) == runner.version:
+            return None
+        self.swaps += 1
+        self.node.get_logger().warning(f"policy swapped: {getattr(current, 'version', None)} -> {runner.version} "
+                                       f"({msg.action} {msg.set_version}: {msg.reason})")
         return runner
 
 

@@ -24,6 +24,11 @@ policy, still through the safety filter; no teleop message for ``teleop_deadman_
 Who commands is published on /robot_wm/intervention/state (robot_wm/msg/InterventionState,
 transient local, on change and at 1 Hz: the flag a recording carries into the data) and every
 take-over is appended, with its reason and times, to ``intervention_log`` (JSON lines).
+
+A node that runs the registry's active policy (``model_path`` empty) swaps in the policy of a newly
+activated set between two periods (``/robot_wm/model_update``, ``robot_wm.nodes.model_swap.PolicySwap``).
+In the MIXED phase it can explore, bounded by the world model's uncertainty (``exploration_*``
+parameters, ``robot_wm.nodes.policy_exploration``; off by default).
 """
 from __future__ import annotations
 
@@ -89,6 +94,7 @@ class PolicyNode(ControlNode):
         self._goal: np.ndarray | None = None
         self._reference = None  # ReferenceWindow
         self._limits = None  # the safety limits whose trust-level scales the output follows
+        self._action_limit = None
         self._trust: tuple[int, int] | None = None  # (level, phase) of the latest TrustState
         if self.task_name not in ("reach", "track"):
             raise NodeConfigError(f"{node_name}: parameter task={self.task_name!r}: expected 'reach' or 'track'")
@@ -99,6 +105,10 @@ class PolicyNode(ControlNode):
         from robot_wm.msg import TrustState
 
         self.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, 10)
+        from robot_wm.nodes.policy_exploration import PolicyExploration
+
+        self.exploration = PolicyExploration(self, self.period_s)
+        self._swap = None  # robot_wm.nodes.model_swap.PolicySwap: a policy that follows the registry
         self._intervention_setup()
 
     # ---- lifecycle
@@ -125,7 +135,12 @@ class PolicyNode(ControlNode):
             else:
                 path = self.model_path or str(resolve(self.task_name, "policy", warn=self.get_logger().warning))
                 self.runner = PolicyRunner(path, self.joint_names, self.task.control_dt_s, task=self.task_name)
+                if not self.model_path and self._swap is None:  # the registry's active policy: follow its updates
+                    from robot_wm.nodes.model_swap import PolicySwap
+
+                    self._swap = PolicySwap(self, self.task_name, self.joint_names, self.task.control_dt_s)
             self.kin = Kinematics(urdf, self.joint_names)
+            self._action_limit = np.asarray(self.task.action_limit_radps, dtype=float)  # what exploration is a fraction of
             self._limits = load_safety_limits()
             self.slew = (SlewLimiter(slew_delta(self._limits, self.period_s, self.slew_fraction, self.phase))
                          if self.slew_fraction > 0 else None)
@@ -211,6 +226,13 @@ class PolicyNode(ControlNode):
 
         if self.runner is None:
             return
+        if self._swap is not None and not self.scripted:
+            new = self._swap.take(self.runner)
+            if new is not None:
+                from robot_wm.nodes.model_swap import retire
+
+                retire(self.runner)
+                self.runner = new
         state = self.fresh_state()
         if state is None:
             self.get_logger().warning("no fresh joint state: not commanding", throttle_duration_sec=1.0)
@@ -228,7 +250,7 @@ class PolicyNode(ControlNode):
             self.get_logger().error(f"policy failed, not commanding: {exc}", throttle_duration_sec=1.0)
             return
         speed, accel = self._trust_scales()
-        action = action * speed
+        action = self.exploration.apply(action * speed, self._action_limit, self._trust)
         if self.slew is not None:
             action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
