@@ -216,7 +216,7 @@ class MixedRecorder(DemoRecorder):
         summary = {"index": index, "round": self.round, "success": bool(meta.success), "ended": ended,
                    "trust_settle_s": 0.0, "periods": int(round(result.duration_s / meta.dt_s)),
                    "tracking_rms_m": None if ended or not np.isfinite(result.error_m) else round(float(result.error_m), 6),
-                   "filter_periods": int(filtering), "violations": {},
+                   "filter_periods": int(filtering), "violations": _violations(window, start_ns, end_ns, meta.joint_names),
                    "exploration": {"enabled": self.exploration_std > 0, "std_fraction": self.exploration_std,
                                    "uncertainty_median_radps": round(float(np.median(finite)), 6) if finite.size else None,
                                    "scale_mean": round(float(s.mean()), 6) if s.size else None,
@@ -231,9 +231,7 @@ class MixedRecorder(DemoRecorder):
         before = len(self.written)
         super()._write(name, job, start_ns, end_ns, window)
         if len(self.written) > before and self._summary_pending is not None:
-            summary = self._summary_pending
-            summary["violations"] = _violations(self.written[-1])
-            self.summaries.append(summary)
+            self.summaries.append(self._summary_pending)
             with self._round_lock:
                 finished = not self.indices
             if finished and self._jobs.empty():
@@ -246,19 +244,33 @@ def _state_text(raw: bytes) -> str:
     return deserialize_message(raw, SafetyStatus).state_text
 
 
-def _violations(path: Path) -> dict[str, int]:
-    """Limit breaches of the measured arm state in the bag (``PlantCheck``; tool speed from J(q) q̇)."""
+_CHECKS: dict = {}
+
+
+def _violations(window, start_ns: int, end_ns: int, joint_names) -> dict[str, int]:
+    """Limit breaches of the measured arm state in the episode (``PlantCheck`` on each joint state;
+    tool speed from J(q) q̇): what the arm did, as the library loop checks its plant."""
+    from sensor_msgs.msg import JointState
+
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety import load_safety_limits
     from robot_wm.learning.stack_eval import VIOLATION_KINDS, PlantCheck
+    from robot_wm.nodes.conversions import InputError, joint_state_arrays
 
-    ep = bags.read_episode(path)
-    kin = Kinematics(description.expand(), list(ep.meta.joint_names))
-    check = PlantCheck(kin, load_safety_limits())
+    key = tuple(joint_names)
+    if key not in _CHECKS:  # the description is expanded once per process
+        kin = Kinematics(description.expand(), list(joint_names))
+        _CHECKS[key] = (kin, PlantCheck(kin, load_safety_limits()))
+    kin, check = _CHECKS[key]
     counts = dict.fromkeys(VIOLATION_KINDS, 0)
-    inside = (ep.state_t_ns >= ep.meta.start_ns) & (ep.state_t_ns <= ep.meta.end_ns)
-    for q, v in zip(ep.q_rad[inside], ep.qdot_radps[inside]):
+    for topic, t, raw in window:
+        if topic != bags.STATES_TOPIC or not start_ns <= t <= end_ns:
+            continue
+        try:
+            q, v = joint_state_arrays(deserialize_message(raw, JointState), list(joint_names))
+        except InputError:
+            continue
         for kind, hit in check(q, float(np.linalg.norm(kin.tool_linear_velocity_mps(q, v)))).items():
             counts[kind] += int(hit)
     return counts
