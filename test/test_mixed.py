@@ -263,9 +263,11 @@ def test_refusals_name_the_problem(tmp_path):
         train_mixed("track", TRACK, tmp_path / "out2", "real_twin", 0, TINY, TINY_ADAPT, progress=False)
 
 
-def test_the_cli_refuses_live_runs_and_a_missing_profile(tmp_path):
-    for argv, text in ((["train", "mixed", "--out", str(tmp_path / "a"), "--real-episodes", "3"], "not built yet"),
-                       (["train", "mixed", "--library", "--out", str(tmp_path / "a"), "--real-episodes", "3"], "--profile")):
+def test_the_cli_refuses_a_missing_arm_and_a_missing_profile(tmp_path):
+    for argv, text in ((["train", "mixed", "--out", str(tmp_path / "a"), "--real-episodes", "3"], "say which arm"),
+                       (["train", "mixed", "--library", "--out", str(tmp_path / "a"), "--real-episodes", "3"], "--profile"),
+                       (["train", "mixed", "--library", "--profile", "nominal", "--robot", "ur5e", "--out", str(tmp_path / "a"),
+                         "--real-episodes", "3"], "--robot is for a running stack")):
         proc = subprocess.run([sys.executable, "-m", "robot_wm.cli", *argv], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and text in proc.stderr, proc.stderr
 
