@@ -34,9 +34,11 @@ def needed_seconds(exceedance: float, dt_s: float = 0.01, settle_s: float = 3.0)
     return settle_s + 1.5 * 2.0 / exceedance * dt_s
 
 
-def replay_run(directory: Path, world_model_path: Path, config, *, task: str | None = None):
+def replay_run(directory: Path, world_model_path: Path, config, *, task: str | None = None,
+               skipped: list[str] | None = None):
     """The monitor's signals over every episode of ``directory`` (a ``trust_eval.Run``, episodes
-    back to back on one clock)."""
+    back to back on one clock). With ``skipped``, an episode the loader refuses (a hole in its
+    joint states) is left out and its reason appended there; without, it raises."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety.types import FilterState
@@ -64,7 +66,13 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
             raise bags.BagError(f"{path}: a recording of task {ep.meta.task!r}, not {task!r}")
         dt = get_task(ep.meta.task).control_dt_s
         steps = int(math.floor(ep.meta.duration_s / dt + 1e-6))
-        q, qd, action = episode_arrays(ep, steps, dt, DEFAULT_MAX_GAP_S)
+        try:
+            q, qd, action = episode_arrays(ep, steps, dt, DEFAULT_MAX_GAP_S)
+        except bags.BagError as exc:
+            if skipped is None:
+                raise
+            skipped.append(str(exc))
+            continue
         grid = ep.meta.start_ns + np.round(np.arange(steps + 1) * dt * 1e9).astype(np.int64)
         # the mean measured effort of each period (t_k-1, t_k], as the node averages the 500 Hz states
         cuts = np.searchsorted(ep.state_t_ns, grid, side="right")

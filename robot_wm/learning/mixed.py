@@ -133,7 +133,9 @@ def calibrate(bag_dir: Path, world_model: Path, exceedance: float, task: str, ou
     from robot_wm.learning.trust_eval import calibrate_run
 
     config, settings = load_trust_config(None)
-    run, version, n = replay_run(bag_dir, world_model, config, task=task)
+    skipped: list[str] = []
+    run, version, n = replay_run(bag_dir, world_model, config, task=task, skipped=skipped)
+    n -= len(skipped)
     seconds = float(len(run.t_s) * 0.01)
     out.parent.mkdir(parents=True, exist_ok=True)
     if seconds < needed_seconds(exceedance):
@@ -151,7 +153,8 @@ def calibrate(bag_dir: Path, world_model: Path, exceedance: float, task: str, ou
     cal = calibrate_run(run, exceedance, settings.floor_map(), config, model_version=version,
                         source=f"train-mixed:{bag_dir.name}:{n}ep:{seconds:.0f}s:exceedance{exceedance:g}")
     calib_io.save(cal, out)
-    return f"calibrated on {n} real episodes ({seconds:.0f} s) at exceedance {exceedance:g}"
+    left_out = f"; left out: {'; '.join(skipped)}" if skipped else ""
+    return f"calibrated on {n} real episodes ({seconds:.0f} s) at exceedance {exceedance:g}{left_out}"
 
 
 # ------------------------------------------------------------------------------ the loop

@@ -69,6 +69,10 @@ def cmd_train_mixed(args) -> int:
                                                                ("threads", args.threads), ("seed", args.seed)) if v is not None})
         if args.ratio is not None:
             cfg = dataclasses.replace(cfg, ratio=args.ratio)
+        if not args.library and args.threads is None:
+            # beside a running stack the trainer gets what the control processes leave (it runs at nice 10):
+            # a second torch thread mostly waits for the first (2 threads there: 13-14 s per policy iteration)
+            acfg = dataclasses.replace(acfg, threads=1)
     except (ConfigError, ValueError) as exc:
         print(f"train mixed: {exc}", file=sys.stderr)
         return 2
@@ -79,7 +83,8 @@ def cmd_train_mixed(args) -> int:
             from robot_wm.learning.mixed_live import LiveArm
 
             arm = LiveArm(args.task, args.robot or Path(args.profile).stem, cfg, episode_timeout_s=args.episode_timeout,
-                          progress=lambda line: print(f"train mixed: {line}", flush=True))
+                          progress=lambda line: print(f"train mixed: {line}", flush=True,
+                                                      file=sys.stderr if args.json else sys.stdout))
         report = train_mixed(args.task, base, Path(args.out), args.robot or args.profile, args.real_episodes, cfg, acfg,
                              register=args.register, progress=not args.no_progress, command=command_line(), arm=arm)
     except (MixedError, BagError, AdaptError, ModelError, ProfileError, FileNotFoundError, ValueError) as exc:

@@ -111,6 +111,11 @@ class LiveArm:
             raise MixedError(f"the policy node ({POLICY_NODE}) did not answer within {READY_TIMEOUT_S:g} s: is it running?")
         if rec.policy_source == "scripted":
             raise MixedError(f"{POLICY_NODE} runs the scripted baseline: train mixed trains a learned policy")
+        if rec.policy_task and rec.policy_task != self.task:
+            raise MixedError(f"{POLICY_NODE} runs the {rec.policy_task!r} task, not {self.task!r} (--task)")
+        if rec.policy_model_path:
+            raise MixedError(f"{POLICY_NODE} runs model_path={rec.policy_model_path!r}: it would not swap in the rounds' "
+                             f"policies; start it without model_path (the registry's active set, the default)")
         reg = Registry()
         reg.ensure_shipped()  # a fresh machine: the shipped set, which the nodes run, becomes the active one
         active = reg.active(self.task)
@@ -156,7 +161,7 @@ class LiveArm:
         self._set_exploration(std)
         rec.start_round(out, indices, round_index, in_force, std)
         try:
-            ok = self._wait(rec.done.is_set, self.episode_timeout_s * len(indices))
+            ok = self._wait_round(rec, self.episode_timeout_s * len(indices))
         finally:
             with rec._round_lock:
                 rec.indices = []  # nothing more counts until the next round
@@ -168,6 +173,18 @@ class LiveArm:
                              f"{self.episode_timeout_s * len(indices):.0f} s (passed over: {rec.passed[-3:]}); is the "
                              f"stack enabled (robot-wm reset) and its trust level reaching FULL?")
         return sorted(rec.summaries, key=lambda e: e["index"])
+
+    def _wait_round(self, rec, timeout_s: float) -> bool:
+        """Until the round's bags are written; says so when the arm waits for an operator (HUMAN)."""
+        deadline, told = time.monotonic() + timeout_s, False
+        while time.monotonic() < deadline and not rec.done.is_set():
+            human = rec.trust_level == 4
+            if human and not told:
+                self.progress("trust level HUMAN: the arm is held until an operator acknowledges (robot-wm trust "
+                              "acknowledge) and releases the filter's latch (robot-wm reset); the round goes on after")
+            told = human
+            time.sleep(0.1)
+        return rec.done.is_set()
 
     # ---------------------------------------------------------------------------------- swaps
     def put_in_force(self, set_version: str, previous: str, reason: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from robot_wm.nodes.recorder import PREROLL_S, DemoRecorder
 
 _RUNNING = ("OK", "FILTERING")
 HOLD_AFTER_S = 0.25  # path_sequencer's hold_after_s: a longer stop starts the path over
+POSTROLL_S = 0.3  # messages received this long after an episode's end go into its bag too
 _FULL, _MIXED = 0, 1
 
 
@@ -201,7 +203,7 @@ class MixedRecorder(DemoRecorder):
         job = types.SimpleNamespace(task=result.task or self.task, index=index, success=bool(result.success) and ended is None,
                                     error_m=float(result.error_m), duration_s=float(result.duration_s), ended=ended,
                                     path=int(result.index))
-        self._jobs.put((name, job, start_ns, end_ns, window))
+        self._jobs.put((name, job, start_ns, end_ns, None))  # the window is cut when the post-roll is in
 
     def _meta(self, result, start_ns: int, end_ns: int, window) -> bags.EpisodeMeta:
         ended, index = result.ended, result.index
@@ -227,6 +229,14 @@ class MixedRecorder(DemoRecorder):
                                    extra={**meta.extra, "phase": "MIXED", "mixed": summary, "path": result.path})
 
     def _write(self, name: str, job, start_ns: int, end_ns: int, window) -> None:
+        if window is None:
+            # a loaded machine delivers the last states of an episode after its end was announced: wait
+            # for them (``POSTROLL_S``), or the bag's states would stop short of its end
+            wait_s = (end_ns + POSTROLL_S * 1e9 - self.get_clock().now().nanoseconds) * 1e-9
+            if wait_s > 0:
+                time.sleep(min(wait_s, POSTROLL_S))
+            with self.lock:
+                window = [m for m in self.buffer if start_ns - PREROLL_S * 1e9 <= m[1] <= end_ns + POSTROLL_S * 1e9]
         self._summary_pending = None
         before = len(self.written)
         super()._write(name, job, start_ns, end_ns, window)

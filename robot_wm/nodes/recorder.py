@@ -62,6 +62,7 @@ class DemoRecorder(Node):
         self.done = threading.Event()
         self.world_model_version = ""
         self.policy_source, self.policy_version = None, ""
+        self.policy_model_path = self.policy_task = ""  # the policy node's parameters, once it has answered
         self.policy_known = threading.Event()  # set once the policy node has said what it runs
         self._policy_waited = False
         reliable = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
@@ -123,6 +124,8 @@ class DemoRecorder(Node):
         values = result.values if result is not None else []
         scripted = bool(values[0].bool_value) if values else False
         model_path = values[1].string_value if len(values) > 1 else ""
+        self.policy_model_path = model_path
+        self.policy_task = values[2].string_value if len(values) > 2 else ""
         self.policy_source = "scripted" if scripted else "policy"
         self.policy_version = "scripted" if scripted else _policy_version(model_path, self.task)
         self.policy_known.set()

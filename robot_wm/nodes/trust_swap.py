@@ -39,20 +39,23 @@ def calibration_for(task: str, profile: str, model_version: str, warn=None):
 
 def announce(node: Node, publisher, task: str, action: str, reason: str, *, accepted: bool = True,
              previous_set: str = "") -> None:
-    """Publish a ModelUpdate for the task's active set (its world model) after ``action``."""
+    """Publish a ModelUpdate for the task's active set after ``action``: its world model (the
+    world_model node and the safety filter swap it in) and its policy (the policy node does; a set
+    that carries the same policy, as the online learner's do, changes nothing there)."""
     from robot_wm.core.onnx_model import read_sidecar
     from robot_wm.msg import ModelUpdate
     from robot_wm.registry import Registry
 
     active = Registry().active(task)
-    msg = ModelUpdate(model_kind="world_model", task=task, action=action, reason=reason, accepted=accepted,
-                      previous_set_version=previous_set)
-    msg.header.stamp = node.get_clock().now().to_msg()
-    if active is not None:
-        side = read_sidecar(active.world_model_path)
-        msg.set_version, msg.version, msg.path, msg.sha256 = (active.version, side["version"],
-                                                               str(active.world_model_path), side["sha256"])
-    publisher.publish(msg)
+    for kind in ("world_model", "policy"):
+        msg = ModelUpdate(model_kind=kind, task=task, action=action, reason=reason, accepted=accepted,
+                          previous_set_version=previous_set)
+        msg.header.stamp = node.get_clock().now().to_msg()
+        if active is not None:
+            path = active.world_model_path if kind == "world_model" else active.policy_path
+            side = read_sidecar(path)
+            msg.set_version, msg.version, msg.path, msg.sha256 = active.version, side["version"], str(path), side["sha256"]
+        publisher.publish(msg)
 
 
 class RollbackGuard:
