@@ -218,7 +218,7 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
         current = Path(state["current"])
         cal_path = current / "trust" / f"{prof_name}.json"
         if live:
-            arm.check(current)
+            arm.check(current, resume_set=state.get("registered"), reason=f"train mixed resumed ({out})")
             if not state["rounds"] and not cal_path.exists():
                 cal_path = _live_calibration(task, prof_name, state)
             calibration = trust = None  # the graph's trust monitor watches the live episodes
@@ -297,12 +297,12 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
                 previous = state.get("registered")
                 row["registry"] = _register(round_dir, task, current, state, row, command, activate=live)
                 state["registered"] = row["registry"]["version"]
-                if live:
-                    arm.put_in_force(state["registered"], previous or "", f"train mixed round {r} ({out})")
             state["rounds"].append(row)
             state["real_episodes_done"] += n
             state["current"] = str(round_dir.resolve())
             write_json(state_path, json.loads(json.dumps(state, default=_json_default)))
+            if live:  # after the state: a run stopped here resumes with this round done, and puts its set in force
+                arm.put_in_force(state["registered"], previous or "", f"train mixed round {r} ({out})")
             current = round_dir
             cal_path = current / "trust" / f"{prof_name}.json"
             calibration = None if live else calib_io.load(cal_path, _wm_version(current))

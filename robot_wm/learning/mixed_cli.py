@@ -77,6 +77,12 @@ def cmd_train_mixed(args) -> int:
         print(f"train mixed: {exc}", file=sys.stderr)
         return 2
     base = Path(args.base) if args.base else default_base(args.task)
+    state = Path(args.out) / "mixed.json"
+    if not args.base and state.is_file():  # resuming: the run's base (on a live run the active set has moved on since)
+        try:
+            base = Path(json.loads(state.read_text())["args"]["base"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # train_mixed names what is wrong with the state file
     arm = None
     try:
         if not args.library:

@@ -94,8 +94,11 @@ class LiveArm:
         return predicate()
 
     # ---------------------------------------------------------------------------------- checks
-    def check(self, base: Path) -> None:
-        """Refuse (MixedError) unless the graph runs ``base``, a learned policy, in the MIXED phase."""
+    def check(self, base: Path, resume_set: str | None = None, reason: str = "") -> None:
+        """Refuse (MixedError) unless the graph runs ``base``, a learned policy, in the MIXED phase.
+        ``resume_set``: the registry version of ``base`` when a run resumes; if the running world_model
+        node predicts with another model (a run stopped before its set was in force), it is put in
+        force first."""
         from robot_wm.core.onnx_model import sha256_file
         from robot_wm.registry import Registry
 
@@ -127,6 +130,13 @@ class LiveArm:
                 raise MixedError(f"--base {base}: its {kind} is not the registry's active {self.task} set's "
                                  f"({active.version}), which the running stack runs; activate it first "
                                  f"(robot-wm models activate {self.task} VERSION) or leave --base out")
+        from robot_wm.core.onnx_model import read_sidecar
+
+        self.recorder.in_force = {k: read_sidecar(Path(base) / f"{k}.onnx")["version"] for k in ("policy", "world_model")}
+        if resume_set and self._wait(lambda: bool(self.wm_version), READY_TIMEOUT_S) \
+                and self.wm_version != self.recorder.in_force["world_model"]:
+            # the announcement carries the set's policy too; the policy node swaps it in if it runs another
+            self.put_in_force(resume_set, "", reason)
         if not self._params.wait_for_service(timeout_sec=READY_TIMEOUT_S):
             raise MixedError(f"{POLICY_NODE}/set_parameters_atomically did not appear: the exploration cannot be switched on")
         self._set_exploration(0.0)  # a run interrupted while exploring left it on
