@@ -84,7 +84,7 @@ class WorldModelSwap:
             path = Path(msg.path)
             active = Path(resolve(self.task, self.KIND))
             if path.resolve() != active.resolve():
-                raise ValueError(f"{path} is not the registry's active {self.task} {self.KIND} ({active}): "
+                raise ValueError(f"{path} is not the registry's active {self.task} {self.KIND.replace('_', ' ')} ({active}): "
                                  "a late or stale announcement")
             if msg.sha256 and sha256_file(path) != msg.sha256:
                 raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
