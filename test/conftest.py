@@ -112,6 +112,17 @@ def ros_context():
         rclpy.shutdown(context=context)
 
 
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """A registry of the test's own (the node processes get it through ROBOT_WM_MODELS_DIR)."""
+    from robot_wm.registry import Registry
+
+    monkeypatch.setenv("ROBOT_WM_MODELS_DIR", str(tmp_path / "models"))
+    reg = Registry()
+    reg.ensure_shipped()
+    return reg
+
+
 PYTHON = sys.executable
 # test/launch/ holds launch_testing descriptions: `launch_test` runs them (test/test_launch_tier.py)
 collect_ignore = ["launch"]

@@ -19,17 +19,6 @@ TINY_ADAPT = AdaptConfig(wm_epochs=2, wm_patience=2, critic_warmup=2, validate_e
                          replay_transitions=1600, threads=1)
 
 
-@pytest.fixture
-def registry(tmp_path, monkeypatch):
-    """A registry of the test's own (the node processes get it through ROBOT_WM_MODELS_DIR)."""
-    from robot_wm.registry import Registry
-
-    monkeypatch.setenv("ROBOT_WM_MODELS_DIR", str(tmp_path / "models"))
-    reg = Registry()
-    reg.ensure_shipped()
-    return reg
-
-
 def _mixed_phase_file(path):
     from robot_wm.core.safety import Phase
     from robot_wm.core.trust.phase import PhaseState, PhaseStore

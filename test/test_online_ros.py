@@ -14,7 +14,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
@@ -26,17 +25,6 @@ from robot_wm.process_group import command_for
 
 PERIOD_S = 0.01
 ARM_COMMAND_TIMEOUT_S = 0.05  # config/arm_sim.yaml command_timeout_s: the arm stops on a longer gap
-
-
-@pytest.fixture
-def registry(tmp_path, monkeypatch):
-    """A registry of the test's own (the node processes get it through ROBOT_WM_MODELS_DIR)."""
-    from robot_wm.registry import Registry
-
-    monkeypatch.setenv("ROBOT_WM_MODELS_DIR", str(tmp_path / "models"))
-    reg = Registry()
-    reg.ensure_shipped()
-    return reg
 
 
 class Watcher:

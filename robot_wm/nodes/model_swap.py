@@ -102,8 +102,8 @@ class WorldModelSwap:
     def _load_runner(self, path):
         return load_runner(path, self.joint_names, self.dt_s, self.analytic)
 
-    def take(self, current):
-        """At the start of a period: the loaded runner, carrying ``current``'s command history, or None."""
+    def _next(self, current):
+        """The loaded (runner, update) unless there is none or ``current`` is that model already."""
         if self._pending is None:
             return None
         with self._lock:
@@ -111,6 +111,14 @@ class WorldModelSwap:
             self._pending = None
         if current is not None and getattr(current, "version", None) == runner.version:
             return None  # already this model (an announcement kept for late subscribers, heard again)
+        return runner, msg
+
+    def take(self, current):
+        """At the start of a period: the loaded runner, carrying ``current``'s command history, or None."""
+        loaded = self._next(current)
+        if loaded is None:
+            return None
+        runner, msg = loaded
         if current is not None:
             try:
                 runner.reset(current.action_history, current.qdot_history)
@@ -145,13 +153,10 @@ class PolicySwap(WorldModelSwap):
         return runner
 
     def take(self, current):
-        if self._pending is None:
+        loaded = self._next(current)
+        if loaded is None:
             return None
-        with self._lock:
-            runner, msg = self._pending
-            self._pending = None
-        if current is not None and getattr(current, "version", None) == runner.version:
-            return None
+        runner, msg = loaded
         self.swaps += 1
         self.node.get_logger().warning(f"policy swapped: {getattr(current, 'version', None)} -> {runner.version} "
                                        f"({msg.action} {msg.set_version}: {msg.reason})")
