@@ -148,3 +148,55 @@ def test_overlapping_loads_put_the_switch_interval_back_when_the_last_one_ends()
     u.join(10.0)
     assert seen["after_first_ended"] == pytest.approx(min(before, _SWITCH_INTERVAL_S))
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_the_policy_swap_takes_only_the_active_sets_policy_checked_and_loaded_off_the_control_thread(
+        ros_context, registry, tmp_path):
+    """An announced policy that is not the registry's active one, or whose bytes are not the announced
+    ones, is refused with the reason and nothing changes; the active set's policy is loaded (checked as
+    a policy of this task and arm) and handed over once, at the start of a period."""
+    import json
+    import shutil
+
+    from rclpy.node import Node
+
+    from robot_wm import description
+    from robot_wm.core.onnx_model import read_sidecar
+    from robot_wm.core.policy_runner import PolicyRunner
+    from robot_wm.msg import ModelUpdate
+    from robot_wm.nodes.model_swap import PolicySwap
+
+    names = list(description.joint_limits(description.expand()).names)
+    shipped = registry.active("track")
+    # a second set: the shipped one, its policy under another version
+    variant = tmp_path / "variant"
+    shutil.copytree(shipped.path, variant, ignore=shutil.ignore_patterns("modelset.json"))
+    side = read_sidecar(variant / "policy.onnx")
+    doc = json.loads((variant / "policy.json").read_text())
+    doc["version"] = side["version"] + "-variant"
+    (variant / "policy.json").write_text(json.dumps(doc))
+    other = registry.add(variant, "track", parent=shipped.version, lineage={"command": "test"}, activate=False)
+    node = Node("policy_swap_test", context=ros_context)
+    try:
+        swap = PolicySwap(node, "track", names, 0.01)
+        current = PolicyRunner(shipped.policy_path, names, 0.01, task="track")
+
+        def announce(info, sha256=None) -> ModelUpdate:
+            s = read_sidecar(info.policy_path)
+            msg = ModelUpdate(task="track", model_kind="policy", action="activate", accepted=True, set_version=info.version,
+                              version=s["version"], path=str(info.policy_path), sha256=sha256 or s["sha256"])
+            msg.header.stamp = node.get_clock().now().to_msg()
+            swap._on_update(msg)
+            swap._loading.join(10.0)
+
+        announce(other)  # registered, not active
+        assert "is not the registry's active track policy" in swap.last_refusal and swap.take(current) is None
+        registry.activate("track", other.version)
+        announce(other, sha256="0" * 64)
+        assert "SHA-256 differs" in swap.last_refusal and swap.take(current) is None
+        announce(other)
+        new = swap.take(current)
+        assert new is not None and new.version.endswith("-variant") and swap.swaps == 1
+        assert swap.take(new) is None  # handed over once
+    finally:
+        node.destroy_node()
