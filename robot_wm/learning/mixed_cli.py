@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,11 @@ def cmd_train_mixed(args) -> int:
     try:
         if not args.library:
             from robot_wm.learning.mixed_live import LiveArm
+
+            try:  # the graph's control processes come first: recording and training wait (as the online learner does)
+                os.nice(10)
+            except OSError:
+                pass
 
             arm = LiveArm(args.task, args.robot or Path(args.profile).stem, cfg, episode_timeout_s=args.episode_timeout,
                           progress=lambda line: print(f"train mixed: {line}", flush=True,

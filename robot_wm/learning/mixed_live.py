@@ -21,7 +21,6 @@ profile or on hardware.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -47,10 +46,6 @@ class LiveArm:
         from robot_wm.rosenv import apply_loopback_dds
 
         apply_loopback_dds()
-        try:  # the graph's control processes come first: recording and training wait (as the online learner does)
-            os.nice(10)
-        except OSError:
-            pass
         self.task, self.robot, self.cfg, self.progress = task, robot, cfg, progress
         self.episode_timeout_s = float(episode_timeout_s)
         self.context = Context()
