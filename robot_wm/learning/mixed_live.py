@@ -94,7 +94,7 @@ class LiveArm:
         ``resume_set``: the registry version of ``base`` when a run resumes; if the running world_model
         node predicts with another model (a run stopped before its set was in force), it is put in
         force first."""
-        from robot_wm.core.onnx_model import sha256_file
+        from robot_wm.core.onnx_model import read_sidecar, sha256_file
         from robot_wm.registry import Registry
 
         rec = self.recorder
@@ -125,8 +125,6 @@ class LiveArm:
                 raise MixedError(f"--base {base}: its {kind} is not the registry's active {self.task} set's "
                                  f"({active.version}), which the running stack runs; activate it first "
                                  f"(robot-wm models activate {self.task} VERSION) or leave --base out")
-        from robot_wm.core.onnx_model import read_sidecar
-
         self.recorder.in_force = {k: read_sidecar(Path(base) / f"{k}.onnx")["version"] for k in ("policy", "world_model")}
         if resume_set and self._wait(lambda: bool(self.wm_version), READY_TIMEOUT_S) \
                 and self.wm_version != self.recorder.in_force["world_model"]:
@@ -195,7 +193,7 @@ class LiveArm:
     def put_in_force(self, set_version: str, previous: str, reason: str) -> None:
         """Announce the (already activated) registry set ``set_version``; wait until the graph runs it."""
         from robot_wm.core.onnx_model import read_sidecar
-        from robot_wm.msg import ModelUpdate
+        from robot_wm.nodes.trust_swap import announce
         from robot_wm.registry import Registry
 
         node = self.recorder
@@ -203,12 +201,7 @@ class LiveArm:
         versions = {k: read_sidecar(Path(set_dir) / f"{k}.onnx") for k in ("world_model", "policy")}
         swaps_before = len(self.swapped)
         policy_before = node.in_force.get("policy")
-        for kind, side in versions.items():
-            msg = ModelUpdate(model_kind=kind, task=self.task, action="activate", reason=reason, accepted=True,
-                              set_version=set_version, previous_set_version=previous, version=side["version"],
-                              path=str(Path(set_dir) / f"{kind}.onnx"), sha256=side["sha256"])
-            msg.header.stamp = node.get_clock().now().to_msg()
-            self._updates.publish(msg)
+        announce(node, self._updates, self.task, "activate", reason, previous_set=previous)  # the active set: this one
         if not self._wait(lambda: self.wm_version == versions["world_model"]["version"], SWAP_TIMEOUT_S):
             raise MixedError(f"{set_version} activated, but the world_model node still predicts with {self.wm_version!r} "
                              f"after {SWAP_TIMEOUT_S:g} s (see its log); the registry's active set is {set_version}")

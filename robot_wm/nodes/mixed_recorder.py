@@ -24,6 +24,7 @@ policy node's ``/robot_wm/exploration``), and the limit violations of the measur
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -60,11 +61,10 @@ class MixedRecorder(DemoRecorder):
         self._round_lock = threading.Lock()
         self._episode_start_ns: int | None = None  # the running path's start (the last end, or the filter's resumption)
         self._stopped, self._stopped_ns, self._stop_counted = False, 0, False
-        self.stale_blips = 0  # stale-input stops shorter than HOLD_AFTER_S (not interventions)
         self._recorded_until_ns = 0  # an EpisodeResult whose window began before this was already written
         self.trust_level: int | None = None
         self.trust_phase: int | None = None
-        self._explore: list[tuple[int, np.ndarray]] = []
+        self._explore: collections.deque = collections.deque(maxlen=12_000)  # (receive ns, [u, scale, level, phase])
         self.create_subscription(Float64MultiArray, EXPLORATION_TOPIC, self._on_exploration, 50)
 
     # ---------------------------------------------------------------------------------- the round
@@ -98,8 +98,6 @@ class MixedRecorder(DemoRecorder):
     def _on_exploration(self, msg) -> None:
         with self.lock:
             self._explore.append((self.get_clock().now().nanoseconds, np.asarray(msg.data, dtype=float)))
-            while len(self._explore) > 12_000:
-                self._explore.pop(0)
 
     def _on_trust(self, data: bytes) -> None:
         from robot_wm.msg import TrustState
@@ -121,8 +119,6 @@ class MixedRecorder(DemoRecorder):
             self._stopped = False
             if now - self._stopped_ns >= HOLD_AFTER_S * 1e9:
                 self._episode_start_ns = now  # the sequencer starts a held path over when the filter runs again
-            elif not self._stop_counted:
-                self.stale_blips += 1
         elif not running and not self._stopped:
             self._stopped, self._stopped_ns, self._stop_counted = True, now, False
         if not running and not self._stop_counted:

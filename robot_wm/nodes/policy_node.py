@@ -226,7 +226,7 @@ class PolicyNode(ControlNode):
 
         if self.runner is None:
             return
-        if self._swap is not None and not self.scripted:
+        if self._swap is not None:  # (a scripted node has none)
             new = self._swap.take(self.runner)
             if new is not None:
                 from robot_wm.nodes.model_swap import retire
