@@ -161,3 +161,47 @@ def test_the_policy_nodes_exploration_settings_are_checked_by_name():
         out = explore(np.full(6, 0.95), 10 * row, 1.0, 0.5, limit)
         assert np.all(np.abs(out) <= limit)
     assert np.array_equal(explore(np.full(6, 0.3), x[0], 0.0, 0.5, limit), np.full(6, 0.3))
+
+
+def test_the_policy_node_explores_only_in_mixed_at_a_moving_level_with_a_fresh_finite_prediction(ros_context):
+    """PolicyExploration, as the policy node runs it: a NaN or stale prediction, another phase, or a
+    level below CAUTIOUS leaves the command alone; a parameter set that breaks the rule is refused and
+    changes nothing."""
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+
+    from robot_wm.msg import WorldModelPrediction
+    from robot_wm.nodes.policy_exploration import PolicyExploration
+
+    class Host(Node):
+        period_s = 0.01
+
+    node = Host("exploration_host", context=ros_context)
+    try:
+        ex = PolicyExploration(node, 0.01)
+        limit, action = np.full(6, 1.0), np.full(6, 0.2)
+        assert ex.apply(action, limit, (0, 1)) is action  # off by default
+        assert node.set_parameters([Parameter("exploration_std", value=0.3)])[0].successful
+
+        def predict(u: float) -> None:
+            msg = WorldModelPrediction(joint_names=[f"j{i}" for i in range(6)], velocity_std_epistemic_radps=[u] * 6)
+            msg.header.stamp = node.get_clock().now().to_msg()
+            ex._on_prediction(msg)
+
+        assert np.array_equal(ex.apply(action, limit, (0, 1)), action), "no prediction yet: no exploration"
+        predict(float("nan"))
+        assert np.array_equal(ex.apply(action, limit, (0, 1)), action), "a NaN uncertainty: no exploration"
+        predict(0.001)
+        assert not np.array_equal(ex.apply(action, limit, (0, 1)), action), "MIXED, FULL, a sure model: it explores"
+        for trust in ((0, 0), (0, 2), (2, 1), (3, 1), (4, 1), None, (99, 1)):
+            assert np.array_equal(ex.apply(action, limit, trust), action), trust
+        predict(0.05)
+        assert np.array_equal(ex.apply(action, limit, (0, 1)), action), "an unsure model: conservative"
+        predict(0.001)
+        ex.uncertainty_ns -= int(1e9)  # a prediction a second old says nothing about now
+        assert np.array_equal(ex.apply(action, limit, (0, 1)), action)
+        result = node.set_parameters_atomically([Parameter("exploration_uncertainty_low_radps", value=0.5)])
+        assert not result.successful and "exploration_uncertainty_low_radps" in result.reason
+        assert ex.low == 0.008 and ex.std == 0.3
+    finally:
+        node.destroy_node()
