@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from robot_wm import bags
+from robot_wm import bags, description
 from robot_wm.core.safety import TrustLevel
 from robot_wm.core.trust import calibration as calib_io
 from robot_wm.learning.adapt import AdaptConfig
@@ -66,6 +66,49 @@ def test_exploration_scale_falls_with_uncertainty_and_is_zero_above_the_threshol
     assert exploration_scale(float("nan"), low, high, level) == 0.0
 
 
+_KIN = None
+
+
+def _kinematics():
+    global _KIN
+    if _KIN is None:
+        from robot_wm.core.kinematics import Kinematics
+
+        urdf = description.expand()
+        _KIN = Kinematics(urdf, description.joint_limits(urdf).names)
+    return _KIN
+
+
+@settings(max_examples=300, deadline=None)
+@given(q=st.lists(st.floats(-3.0, 3.0), min_size=6, max_size=6), a=st.lists(st.floats(-1.0, 1.0), min_size=6, max_size=6),
+       noise=st.lists(st.floats(-5.0, 5.0), min_size=6, max_size=6), std=st.floats(0.0, 1.0), scale=st.floats(0.0, 1.0),
+       speed=st.sampled_from([1.0, 0.5, 0.25]))
+def test_exploration_never_takes_the_command_past_a_limit_in_force(q, a, noise, std, scale, speed):
+    """Adversarial states and noise: the explored command stays in the joint box in force and the tool
+    within the budget of its speed limit in force, or, where the policy's own command is above the
+    budget, no faster than the policy asked."""
+    from robot_wm.core.exploration import TOOL_SPEED_BUDGET, explore
+
+    kin = _kinematics()
+    limit = np.full(6, 1.0) * speed
+    action = np.asarray(a) * limit  # the policy's command, scaled to the speed in force
+    jac = kin.tool_jacobian(np.asarray(q))
+    v_max = 0.5 * speed
+    out = explore(action, np.asarray(noise), scale, std, limit, jac, v_max)
+    assert np.all(np.abs(out) <= limit + 1e-12)
+    budget = TOOL_SPEED_BUDGET * v_max
+    assert np.linalg.norm(jac @ out) <= max(budget, np.linalg.norm(jac @ action)) * (1 + 1e-9) + 1e-12
+    # the tool rule only ever shrinks the joint-space noise, along its own direction
+    free = explore(action, np.asarray(noise), scale, std, limit)
+    d_free, d_out = free - action, out - action
+    if np.linalg.norm(d_free) > 1e-9:
+        k = float(d_out @ d_free) / float(d_free @ d_free)
+        assert -1e-9 <= k <= 1.0 + 1e-9
+        np.testing.assert_allclose(d_out, k * d_free, atol=1e-9)
+    else:
+        np.testing.assert_allclose(d_out, 0.0, atol=1e-9)
+
+
 def test_the_exploring_policy_applies_the_rule_to_the_world_models_own_uncertainty():
     """Real policy and world model: the noise added is the rule's scale times one noise sequence;
     above the threshold the command is the policy's own."""
@@ -102,6 +145,18 @@ def test_the_exploring_policy_applies_the_rule_to_the_world_models_own_uncertain
         assert s == pytest.approx(1.0 - uk / (2.0 * hi_u))
         unclipped = np.abs(policy.act(obs[k]) + full[k]) < limit
         np.testing.assert_allclose(mid[k][unclipped], s * full[k][unclipped], rtol=1e-9, atol=1e-12)
+    # at the MIXED phase's speed (0.5) the noise is a fraction of the limit in force and never takes
+    # the command past it: the filter's reduced limits are respected by the policy slot itself
+    cfg = dataclasses.replace(MixedConfig(), exploration_std=1.0, uncertainty_low_radps=hi_u + 1.0,
+                              uncertainty_high_radps=hi_u + 2.0)
+    slow = ExploringPolicy(policy, wm, cfg, limit, 0.01, 7, speed_factor=lambda: 0.5)
+    fast = ExploringPolicy(policy, wm, cfg, limit, 0.01, 7)
+    for _ in range(200):
+        for o in obs:
+            a_slow, a_fast = slow.act(o), fast.act(o)
+            assert np.all(np.abs(a_slow) <= 0.5 * limit + 1e-12)
+            inside = (np.abs(a_fast) < limit) & (np.abs(a_slow) < 0.5 * limit)
+            np.testing.assert_allclose(a_slow[inside], 0.5 * a_fast[inside], rtol=1e-9, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------ episodes that end early

@@ -29,7 +29,7 @@ class MixedConfig:
 
     real_per_round: int = 10  # real episodes between two imagination phases
     ratio: str = "1:10"  # real episodes : imagination episodes (one = one batch of imagined rollouts)
-    exploration_std: float = 0.1  # stationary std of the exploration noise, fraction of the action limit
+    exploration_std: float = 0.1  # stationary std of the exploration noise, fraction of the action limit in force
     exploration_tau_s: float = 0.2  # its correlation time (Ornstein-Uhlenbeck)
     uncertainty_low_radps: float = 0.008  # epistemic std of the next q̇ (max joint) below which exploration is full
     uncertainty_high_radps: float = 0.02  # ... at and above which it is off
@@ -80,12 +80,16 @@ class ExploringPolicy:
     ``predictor``: the world model runner that pairs states with the commands sent (its what-if
     query does not disturb its history); ``trust_level()``: the monitor's level now;
     ``speed_factor()``: what the policy node scales its command by (``robot_wm.core.slew.trust_scales``:
-    the phase's and the level's reduced speed, so that the policy respects them itself). Every
+    the phase's and the level's reduced speed, so that the policy respects them itself);
+    ``kinematics`` and ``tool_speed_max_mps`` (the tool-speed limit at speed factor 1): the noise
+    keeps the tool within the budget of the limit in force (``robot_wm.core.exploration``). Every
     period's (uncertainty, scale) goes to ``log``."""
 
     def __init__(self, policy, predictor, cfg: MixedConfig, action_limit_radps, dt_s: float, seed: int,
-                 trust_level=lambda: TrustLevel.FULL, speed_factor=lambda: 1.0) -> None:
+                 trust_level=lambda: TrustLevel.FULL, speed_factor=lambda: 1.0, kinematics=None,
+                 tool_speed_max_mps: float = math.inf) -> None:
         self.policy, self.predictor, self.cfg = policy, predictor, cfg
+        self.kinematics, self.tool_speed_max_mps = kinematics, float(tool_speed_max_mps)  # at speed factor 1
         self.speed_factor = speed_factor
         self.name = f"{getattr(policy, 'name', 'policy')}+exploration"
         self.limit = np.asarray(action_limit_radps, dtype=float)
@@ -94,14 +98,17 @@ class ExploringPolicy:
         self.log: list[tuple[float, float, int]] = []  # (uncertainty, scale, trust level) per period
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        action = np.asarray(self.policy.act(obs), dtype=float) * self.speed_factor()
+        speed = self.speed_factor()
+        action = np.asarray(self.policy.act(obs), dtype=float) * speed
         n = action.shape[0]
         pred = self.predictor.predict(obs[:n], obs[n:2 * n], action, commit=False)
         u = float(np.max(pred.epistemic_std[n:]))
         scale = exploration_scale(u, self.cfg.uncertainty_low_radps, self.cfg.uncertainty_high_radps, self.trust_level())
         noise = self.noise.step()  # unit-variance OU noise; its size is set per period by the rule
         self.log.append((u, scale, int(self.trust_level())))
-        return explore(action, noise, scale, self.cfg.exploration_std, self.limit)
+        jac = self.kinematics.tool_jacobian(obs[:n]) if self.kinematics is not None and scale > 0.0 else None
+        return explore(action, noise, scale, self.cfg.exploration_std, self.limit * speed,  # the limits in force
+                       jac, self.tool_speed_max_mps * speed)
 
 
 # ------------------------------------------------------------------------------ real episodes
@@ -223,6 +230,7 @@ def run_real_episodes(task_name: str, profile: str, set_dir: Path, calibration, 
     models = {"policy": policy.version, "world_model": wm.version}
     eps = task.episodes(max(indices) + 1, cfg.seed, description.initial_positions(names))
     check = PlantCheck(built.kinematics, built.limits)
+    tool_max = built.limits.tool_speed_max_mps * built.limits.scale_for(TrustLevel.FULL, Phase.SIM).speed  # speed factor 1
     end_level = TrustLevel[cfg.end_level]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,7 +256,7 @@ def run_real_episodes(task_name: str, profile: str, set_dir: Path, calibration, 
             speed = lambda: trust_scales(built.limits, level(), Phase.MIXED, base_phase=Phase.SIM)[0]  # noqa: E731
             actor = ExploringPolicy(policy, predictor, cfg if explore else dataclasses.replace(cfg, exploration_std=0.0),
                                     task.action_limit_radps, dt, seed=cfg.seed * 100_003 + i, trust_level=level,
-                                    speed_factor=speed)
+                                    speed_factor=speed, kinematics=built.kinematics, tool_speed_max_mps=tool_max)
 
             guard = EpisodeGuard(end_level)
             ep = _run_episode(actor, prof, built, wm, check, task, eps, i, 1, recorder=rec,

@@ -4,9 +4,10 @@
 Parameters (changeable at run time; a change that breaks a range or ``low < high`` is refused with
 the reason):
 
-* ``exploration_std`` (fraction of the action limit, default 0 = off): the stationary std of the
-  Ornstein-Uhlenbeck noise added to the policy's command (after the trust level's speed scale,
-  before the slew limit; clipped to the action limit);
+* ``exploration_std`` (fraction of the action limit in force, default 0 = off): the stationary
+  std of the Ornstein-Uhlenbeck noise added to the policy's command (after the phase's and the
+  trust level's speed scale, before the slew limit; clipped to the action limit times that scale,
+  and shrunk so that the tool stays within ``TOOL_SPEED_BUDGET`` of the tool-speed limit in force);
 * ``exploration_tau_s``: its correlation time; ``exploration_seed``: its seed;
 * ``exploration_uncertainty_low_radps`` / ``_high_radps``: the rule's thresholds on the world
   model's epistemic std of the next joint velocities (max over joints).
@@ -40,7 +41,7 @@ class PolicyExploration:
 
     def __init__(self, node, dt_s: float) -> None:
         self.node, self.dt_s = node, float(dt_s)
-        self.std = declare(node, "exploration_std", 0.0, "exploration noise std, fraction of the action limit "
+        self.std = declare(node, "exploration_std", 0.0, "exploration noise std, fraction of the action limit in force "
                            "(0: off; only in the MIXED phase, bounded by the world model's uncertainty)", range_=(0.0, 1.0))
         self.tau_s = declare(node, "exploration_tau_s", 0.2, "exploration noise correlation time (s)", range_=(0.01, 10.0))
         self.low = declare(node, "exploration_uncertainty_low_radps", 0.008, "epistemic std of the next joint "
@@ -101,8 +102,12 @@ class PolicyExploration:
         self.uncertainty = float(np.max(v)) if n and v.size == n and np.all(np.isfinite(v)) else float("nan")
         self.uncertainty_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
 
-    def apply(self, action: np.ndarray, limit: np.ndarray, trust: tuple[int, int] | None) -> np.ndarray:
-        """``action`` with this period's exploration (unchanged when off; see the module docstring)."""
+    def apply(self, action: np.ndarray, limit: np.ndarray, trust: tuple[int, int] | None, q: np.ndarray | None = None,
+              kinematics=None, tool_speed_max_mps: float = float("inf")) -> np.ndarray:
+        """``action`` with this period's exploration (unchanged when off; see the module docstring).
+        ``limit``: the action limit in force; ``q``, ``kinematics``, ``tool_speed_max_mps``: the
+        measured joint positions, the tool Jacobian's source and the tool-speed limit in force (the
+        noise keeps the tool within ``TOOL_SPEED_BUDGET`` of it)."""
         if self.std <= 0.0:
             return action
         if self.noise is None or self.noise.value.shape != action.shape:
@@ -114,4 +119,5 @@ class PolicyExploration:
         level, phase = trust if trust is not None else (-1, -1)
         scale = exploration_scale(u, self.low, self.high, level) if phase == int(Phase.MIXED) else 0.0
         self._pub.publish(Float64MultiArray(data=[u, scale, float(level), float(phase)]))
-        return explore(action, noise, scale, self.std, limit)
+        jac = kinematics.tool_jacobian(q) if kinematics is not None and q is not None and scale > 0.0 else None
+        return explore(action, noise, scale, self.std, limit, jac, tool_speed_max_mps)

@@ -220,6 +220,13 @@ class PolicyNode(ControlNode):
         except ValueError:  # a malformed TrustState: the filter latches on it; here the safe choice
             return 0.0, 1.0
 
+    def _tool_speed_max(self) -> float:
+        """The filter's tool-speed limit at FULL in this node's phase (m/s): times the trust speed
+        factor, the limit in force."""
+        if self._limits is None:
+            return float("inf")
+        return self._limits.tool_speed_max_mps * self._limits.scale_for(TrustLevel.FULL, self.phase).speed
+
     def control_step(self) -> None:
         """Run the policy on the latest joint state and goal or reference; publish the nominal command."""
         from robot_wm.core.policy_runner import PolicyOutputError
@@ -250,7 +257,8 @@ class PolicyNode(ControlNode):
             self.get_logger().error(f"policy failed, not commanding: {exc}", throttle_duration_sec=1.0)
             return
         speed, accel = self._trust_scales()
-        action = self.exploration.apply(action * speed, self._action_limit, self._trust)
+        action = self.exploration.apply(action * speed, self._action_limit * speed, self._trust,  # the limits in force
+                                        q, self.kin, self._tool_speed_max() * speed)
         if self.slew is not None:
             action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
