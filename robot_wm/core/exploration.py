@@ -95,6 +95,8 @@ def explore(action: np.ndarray, noise: np.ndarray, scale: float, std: float, lim
     out = np.clip(action + scale * std * limit * noise, -limit, limit)
     if tool_jacobian is None or not math.isfinite(tool_speed_max_mps):
         return out
+    if np.shape(tool_jacobian) != (3, action.shape[0]):
+        raise ValueError(f"tool_jacobian of shape {np.shape(tool_jacobian)}: expected the linear rows, (3, {action.shape[0]})")
     v_max = TOOL_SPEED_BUDGET * tool_speed_max_mps
     v_a = tool_jacobian @ action
     v_d = tool_jacobian @ (out - action)

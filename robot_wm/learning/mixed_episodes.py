@@ -106,7 +106,7 @@ class ExploringPolicy:
         scale = exploration_scale(u, self.cfg.uncertainty_low_radps, self.cfg.uncertainty_high_radps, self.trust_level())
         noise = self.noise.step()  # unit-variance OU noise; its size is set per period by the rule
         self.log.append((u, scale, int(self.trust_level())))
-        jac = self.kinematics.tool_jacobian(obs[:n]) if self.kinematics is not None and scale > 0.0 else None
+        jac = self.kinematics.tool_jacobian(obs[:n])[:3] if self.kinematics is not None and scale > 0.0 else None
         return explore(action, noise, scale, self.cfg.exploration_std, self.limit * speed,  # the limits in force
                        jac, self.tool_speed_max_mps * speed)
 

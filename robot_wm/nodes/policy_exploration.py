@@ -119,5 +119,5 @@ class PolicyExploration:
         level, phase = trust if trust is not None else (-1, -1)
         scale = exploration_scale(u, self.low, self.high, level) if phase == int(Phase.MIXED) else 0.0
         self._pub.publish(Float64MultiArray(data=[u, scale, float(level), float(phase)]))
-        jac = kinematics.tool_jacobian(q) if kinematics is not None and q is not None and scale > 0.0 else None
+        jac = kinematics.tool_jacobian(q)[:3] if kinematics is not None and q is not None and scale > 0.0 else None
         return explore(action, noise, scale, self.std, limit, jac, tool_speed_max_mps)
