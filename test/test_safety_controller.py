@@ -421,6 +421,38 @@ def test_the_tare_keeps_bias_in_the_sensor_frame_and_weight_in_the_base_frame(ki
     assert single.payload_kg == pytest.approx(mass + (bias @ c0) / GRAVITY_MPS2)
 
 
+def test_the_payload_acceleration_follows_the_sensor_frames_true_acceleration(kin):
+    """Item 4f: from noisy measured velocities at 100 Hz the estimate of the F/T frame's acceleration
+    follows the true one (pinocchio's J q̈ + J̇ q̇ on the exact trajectory) within a fraction of its
+    size; a gap in the samples or a stamp going back starts the estimate again from zero."""
+    from robot_wm.core.safety.wrench import PayloadAcceleration
+
+    rng = np.random.default_rng(4)
+    w, amp = np.array([3.0, 2.5, 4.0, 3.5, 2.0, 3.0]), 0.4
+    q = lambda t: HOME + amp * np.sin(w * t)  # noqa: E731
+    qd = lambda t: amp * w * np.cos(w * t)  # noqa: E731
+    qdd = lambda t: -amp * w * w * np.sin(w * t)  # noqa: E731
+    est = PayloadAcceleration(kin, FT, tau_s=0.02, max_gap_s=0.03)
+    errors, sizes = [], []
+    for k in range(300):
+        t = k * DT
+        got = est.update(t, q(t), qd(t) + rng.normal(0.0, 0.01, 6))
+        if t > 0.2:
+            true = kin.frame_linear_acceleration(q(t), qd(t), qdd(t), FT)
+            errors.append(np.linalg.norm(got - true))
+            sizes.append(np.linalg.norm(true))
+    assert np.sqrt(np.mean(np.square(errors))) < 0.25 * np.sqrt(np.mean(np.square(sizes))), (np.mean(errors), np.mean(sizes))
+    assert np.linalg.norm(est.qdd) > 1.0
+    still = est.update(300 * DT + 0.5, q(0), np.zeros(6))  # after a gap: no difference across it
+    assert np.array_equal(est.qdd, np.zeros(6)) and np.allclose(still, 0.0, atol=1e-9)
+    est.update(300 * DT + 0.51, q(0), np.full(6, 0.5))
+    assert np.any(est.qdd != 0.0)
+    est.update(300 * DT + 0.40, q(0), np.zeros(6))  # a stamp going back
+    assert np.array_equal(est.qdd, np.zeros(6))
+    with pytest.raises(ValueError, match="payload_accel_tau_s"):
+        config(payload_accel_tau_s=-0.1)
+
+
 # ---------------------------------------------------------------------- 5: trust fails safe
 def test_no_trust_state_means_the_configured_default_and_stop_by_default(kin, limits):
     """Item 5a: the code default before the first TrustState is STOP (a graph with a trust monitor

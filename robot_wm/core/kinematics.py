@@ -55,6 +55,17 @@ class Kinematics:
         """Return the tool's linear velocity in the base frame (m/s)."""
         return self.tool_jacobian(q_rad)[:3] @ np.asarray(v_radps, dtype=float)
 
+    def frame_linear_acceleration(self, q_rad: np.ndarray, v_radps: np.ndarray, a_radps2: np.ndarray,
+                                  frame: str | None = None) -> np.ndarray:
+        """Return a frame's classical linear acceleration ``J a + J̇ v`` in the base frame (m/s²;
+        default frame: the tool) for joint positions, velocities and accelerations in joint order."""
+        frame_id = self.tool_frame_id if frame is None else self.model.getFrameId(frame)
+        v, a = np.empty(self.model.nv), np.empty(self.model.nv)
+        v[self._perm], a[self._perm] = v_radps, a_radps2
+        pin.forwardKinematics(self.model, self.data, self._q(q_rad), v, a)
+        pin.updateFramePlacement(self.model, self.data, frame_id)
+        return pin.getFrameClassicalAcceleration(self.model, self.data, frame_id, pin.LOCAL_WORLD_ALIGNED).linear.copy()
+
     def gravity_torque_nm(self, q_rad: np.ndarray) -> np.ndarray:
         """Return the joint torques that hold the URDF's arm against gravity at ``q_rad`` (N·m, joint order)."""
         return pin.computeGeneralizedGravity(self.model, self.data, self._q(q_rad))[self._perm].copy()

@@ -113,6 +113,7 @@ class SafetyFilterNode(ControlNode):
         tare_bias = declare(self, "tare_max_bias_n", 10.0, "largest plausible F/T bias; more at rest means a contact (N)", range_=(0.1, 1000.0), read_only=True)
         tare_payload = declare(self, "tare_max_payload_kg", 5.0, "largest plausible payload below the F/T sensor (kg)", range_=(0.01, 100.0), read_only=True)
         tare_tol = declare(self, "tare_tolerance_n", 5.0, "a later tare must agree with the current one within this (N); ~/tare re-tares", range_=(0.1, 1000.0), read_only=True)
+        payload_tau = declare(self, "payload_accel_tau_s", 0.02, "low-pass of the joint acceleration estimate whose payload inertia is added back to the contact force (s; 0: no compensation)", range_=(0.0, 1.0), read_only=True)
         slack_time = declare(self, "slack_time_s", 0.1, "a soft constraint exceeded beyond its tolerance for longer than this latches a FAULT (s)", range_=(0.001, 10.0), read_only=True)
         slack_tol = declare(self, "slack_tolerance", [0.05, 0.005, 0.02], "tolerances of tool speed (m/s), workspace (m), force (m/s) slack", read_only=True)
         enable = declare(self, "enable_on_start", False, "release the start latch by itself once inputs allow (embedded-arm demo graph only; never on hardware)", read_only=True)
@@ -134,7 +135,7 @@ class SafetyFilterNode(ControlNode):
                 dt_s=self.period_s, require_model=require_model, latch_stale=latch_stale, default_trust_level=level,
                 default_phase=phase, trust_timeout_s=trust_timeout, force_sensor=force_sensor, ft_frame=self.ft_frame,
                 tare_window_s=tare_window, tare_max_bias_n=tare_bias, tare_max_payload_kg=tare_payload, tare_tolerance_n=tare_tol,
-                slack_tolerance=tuple(slack_tol), slack_time_s=slack_time, auto_enable=enable)
+                payload_accel_tau_s=payload_tau, slack_tolerance=tuple(slack_tol), slack_time_s=slack_time, auto_enable=enable)
         except ValueError as exc:
             raise NodeConfigError(f"safety_filter: {exc}") from exc
         if not force_sensor:

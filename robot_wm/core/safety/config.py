@@ -34,6 +34,9 @@ class ControllerConfig:
         tare_max_bias_n, tare_max_payload_kg: plausibility bounds of a first tare (out of contact).
         tare_tolerance_n: a later tare is refused when the reading at rest differs from the current
             tare's by more than this (a contact, or a payload change: ``request_tare`` re-tares).
+        payload_accel_tau_s: the payload's inertial force is added back to the contact force, its
+            acceleration estimated from the measured joint state with the velocity's difference
+            low-passed over this (s; ``wrench.PayloadAcceleration``); 0 = no compensation.
         standstill_radps: the arm is at rest when every |qdot| is below this, on the measured
             velocity low-passed over ``STANDSTILL_TAU_S`` (sensor noise of 0.01 rad/s per sample
             would otherwise keep a resting arm "moving" and refuse every tare).
@@ -57,6 +60,7 @@ class ControllerConfig:
     tare_max_bias_n: float = 10.0
     tare_max_payload_kg: float = 5.0
     tare_tolerance_n: float = 5.0
+    payload_accel_tau_s: float = 0.02
     standstill_radps: float = 0.02
     slack_tolerance: tuple[float, float, float] = (0.05, 0.005, 0.02)
     slack_time_s: float = 0.1
@@ -72,6 +76,10 @@ class ControllerConfig:
         for name in ("trust_timeout_s", "tare_window_s", "tare_max_bias_n", "tare_max_payload_kg", "tare_tolerance_n",
                      "standstill_radps", "slack_time_s"):
             positive(name)
+        tau = as_scalar(self.payload_accel_tau_s)
+        if tau is None or not 0.0 <= tau <= 1.0:
+            raise ValueError(f"ControllerConfig.payload_accel_tau_s={self.payload_accel_tau_s!r}: expected a number in "
+                             "[0, 1] s (0: no compensation of the payload's inertia)")
         for name, enum in (("default_trust_level", TrustLevel), ("default_phase", Phase)):
             try:
                 object.__setattr__(self, name, enum(int(getattr(self, name))))

@@ -57,7 +57,7 @@ from robot_wm.core.safety.types import (
     LinearizedModel,
 )
 from robot_wm.core.safety.validate import ParsedInput, Problem, check_model
-from robot_wm.core.safety.wrench import ForceTare
+from robot_wm.core.safety.wrench import ForceTare, PayloadAcceleration
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -119,8 +119,11 @@ class SafetyController:
             raise ValueError(f"ft_frame {config.ft_frame!r} is not a frame of the URDF (force_sensor is true)")
         self.tare = ForceTare(max(1, round(config.tare_window_s / config.dt_s)), config.tare_max_bias_n,
                               config.tare_max_payload_kg, change_tolerance_n=config.tare_tolerance_n)
+        self.payload_accel = (PayloadAcceleration(kinematics, config.ft_frame, config.payload_accel_tau_s, 3 * config.dt_s)
+                              if config.force_sensor and config.payload_accel_tau_s > 0 else None)
         self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
         self.qdot_smoothed: np.ndarray | None = None  # measured velocity low-passed for the standstill check
+        self._joint_stamp_s = 0.0  # the stamp of this period's joint state
         self.last_output: ControllerOutput | None = None
         self._last_step_s: float | None = None
         self._slack_periods = 0
@@ -354,6 +357,7 @@ class SafetyController:
             if problem is None:
                 stamped("joint state", joint.stamp_s)
                 self._smooth(qd)
+                self._joint_stamp_s = float(joint.stamp_s)
             else:
                 problems.append(problem)
         u_nom = None
@@ -496,7 +500,10 @@ class SafetyController:
             why = self.tare.last_refusal or f"the arm must rest {cfg.tare_window_s:g} s out of contact while latched"
             problems.append(Problem(FaultKind.MISSING, f"F/T sensor not tared yet: {why}"))
             return None
-        return self.tare.tare.contact_force_base(force_s, rot)
+        contact = self.tare.tare.contact_force_base(force_s, rot)
+        if self.payload_accel is not None:  # the payload's inertia reads as force while the arm moves
+            contact = contact + self.tare.tare.payload_kg * self.payload_accel.update(self._joint_stamp_s, q, qd)
+        return contact
 
     def _smooth(self, qd: np.ndarray) -> None:
         """Low-pass the measured velocity (first order, STANDSTILL_TAU_S) for the standstill check."""

@@ -18,6 +18,18 @@ new one is taken only when the reading at rest agrees with the current tare (a c
 from above would otherwise pass as a heavier payload); after a payload change the operator
 re-tares (``ForceTare.forget`` via the node's ``~/tare`` service, while latched).
 
+While the arm moves, the payload's own inertia reads as force too: ``F_s`` above holds at rest;
+moving, the sensor carries ``− m a`` more (``a``: the payload's acceleration, base frame). A 2.5 kg
+tool tracking a path at 0.45 m/s read up to 29 N of "contact" this way and the filter stopped the
+arm on a 20 N limit it never touched (worn_heavy, 32 episodes: 75 stop periods, the filter active in
+6.9 % of all periods). ``PayloadAcceleration`` estimates ``a`` as the F/T frame's linear
+acceleration from the measured joint state (pinocchio, ``J q̈ + J̇ q̇``, with ``q̈`` the measured
+velocity's difference low-passed over ``tau_s``) and the contact force adds ``m a`` back
+(``ControllerConfig.payload_accel_tau_s``; 0 turns it off). The estimate lags the true acceleration
+by about ``tau_s``; where a contact decelerates the tool, the true ``a`` points along the contact
+force and the lagged estimate lies between zero and it, so the compensated force is never below
+the uncompensated one there: a contact is never read weaker than without the compensation.
+
 Known limit: a payload picked up or dropped while running reads as a contact force (the F/T
 sensor cannot tell them apart); re-tare by an e-stop, ``~/tare`` and a reset at rest.
 """
@@ -123,3 +135,36 @@ class ForceTare:
             self.tare = cand
             self.tares_taken += 1
             self.last_refusal = ""
+
+
+class PayloadAcceleration:
+    """The F/T frame's linear acceleration in the base frame (m/s²) from the measured joint state.
+
+    ``q̈`` is the measured velocity's difference between two joint samples, low-passed to first
+    order over ``tau_s`` (sensor noise of 0.01 rad/s per sample differenced at 100 Hz is 1.4 rad/s²);
+    the frame's classical acceleration ``J q̈ + J̇ q̇`` comes from pinocchio. A gap longer than
+    ``max_gap_s`` between samples, a repeated or older stamp or ``reset`` restarts the estimate
+    (zero until the next difference).
+    """
+
+    def __init__(self, kinematics, frame: str, tau_s: float, max_gap_s: float) -> None:
+        self.kin, self.frame = kinematics, frame
+        self.tau_s, self.max_gap_s = float(tau_s), float(max_gap_s)
+        self.reset()
+
+    def reset(self) -> None:
+        self._t: float | None = None
+        self._qd: np.ndarray | None = None
+        self.qdd = np.zeros(len(self.kin.joint_names))
+
+    def update(self, t_s: float, q_rad: np.ndarray, qd_radps: np.ndarray) -> np.ndarray:
+        """Take one joint sample (stamp ``t_s``); return the frame's acceleration now (m/s², base frame)."""
+        qd = np.asarray(qd_radps, dtype=float)
+        t = float(t_s)
+        if self._t is not None and self._t < t <= self._t + self.max_gap_s:
+            h = t - self._t
+            self.qdd += h / (self.tau_s + h) * ((qd - self._qd) / h - self.qdd)
+        elif self._t is None or t != self._t:  # the first sample, a gap or a stamp going back: start again
+            self.qdd[:] = 0.0
+        self._t, self._qd = t, qd.copy()
+        return self.kin.frame_linear_acceleration(q_rad, qd, self.qdd, self.frame)
