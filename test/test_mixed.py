@@ -101,6 +101,10 @@ def test_exploration_never_takes_the_command_past_a_limit_in_force(q, a, noise, 
     # the tool rule only ever shrinks the joint-space noise, along its own direction
     free = explore(action, np.asarray(noise), scale, std, limit)
     d_free, d_out = free - action, out - action
+    if np.linalg.norm(jac @ free) <= budget:  # the noise is cut only where it has to be
+        np.testing.assert_array_equal(out, free)
+    elif np.linalg.norm(jac @ action) < budget:  # ... and then just to the budget
+        assert np.linalg.norm(jac @ out) == pytest.approx(budget, rel=1e-6)
     if np.linalg.norm(d_free) > 1e-9:
         k = float(d_out @ d_free) / float(d_free @ d_free)
         assert -1e-9 <= k <= 1.0 + 1e-9
@@ -157,6 +161,22 @@ def test_the_exploring_policy_applies_the_rule_to_the_world_models_own_uncertain
             assert np.all(np.abs(a_slow) <= 0.5 * limit + 1e-12)
             inside = (np.abs(a_fast) < limit) & (np.abs(a_slow) < 0.5 * limit)
             np.testing.assert_allclose(a_slow[inside], 0.5 * a_fast[inside], rtol=1e-9, atol=1e-12)
+    # with the arm's kinematics the noise also keeps the tool within the budget of the tool-speed
+    # limit in force (a tight 0.05 m/s here, so that the rule has work to do)
+    from robot_wm.core.exploration import TOOL_SPEED_BUDGET
+
+    kin, v_max = _kinematics(), 0.05
+    tool = ExploringPolicy(policy, wm, cfg, limit, 0.01, 7, speed_factor=lambda: 0.5, kinematics=kin,
+                           tool_speed_max_mps=v_max / 0.5)
+    cut = 0
+    for _ in range(100):
+        for o in obs:
+            a = tool.act(o)
+            jac = kin.tool_jacobian(o[:6])[:3]
+            own = np.linalg.norm(jac @ (0.5 * policy.act(o)))
+            assert np.linalg.norm(jac @ a) <= max(TOOL_SPEED_BUDGET * v_max, own) * (1 + 1e-9)
+            cut += np.linalg.norm(jac @ a) < np.linalg.norm(jac @ slow.act(o)) - 1e-9
+    assert cut > 0
 
 
 # ------------------------------------------------------------------------------ episodes that end early

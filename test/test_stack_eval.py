@@ -224,13 +224,14 @@ def test_a_heavy_tool_tracking_fast_is_no_contact_and_a_push_on_it_still_is():
         return _run_episode(policy, prof, stack, wm, PlantCheck(stack.kinematics, stack.limits), task, eps, i, 1,
                             fault=fault)
 
-    stops = 0
+    stops = loud = 0
     for i in (0, 1):
         without, with_ = run(off, i), run(built, i)
-        assert with_["states"].get("STOPPING", 0) == 0 and with_["constraints"].get("contact_force", 0) == 0, i
-        assert without["constraints"].get("contact_force", 0) > 0  # the inertia read as contact
+        quiet = with_["constraints"].get("contact_force", 0)
+        assert with_["states"].get("STOPPING", 0) == 0 and quiet <= 2, (i, quiet)  # 2: the row's 14 N onset is near
+        loud += without["constraints"].get("contact_force", 0)
         stops += without["states"].get("STOPPING", 0)
-    assert stops > 0  # ... and stopped the arm
+    assert loud > 20 and stops > 0  # without: the inertia read as contact, and it stopped the arm
     push = (2.0, {"kind": "push", "force_n": [0.0, 0.0, -60.0], "duration_s": 0.5})
     pushed, pushed_off = run(built, 0, push), run(off, 0, push)
     assert pushed["constraints"].get("contact_force", 0) >= 0.8 * pushed_off["constraints"].get("contact_force", 0) > 20

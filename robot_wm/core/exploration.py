@@ -89,9 +89,10 @@ def explore(action: np.ndarray, noise: np.ndarray, scale: float, std: float, lim
     by), so that the noise is a fraction of what the arm may do now and never takes the command
     past it. ``tool_jacobian`` (3 x n, at the measured state) and ``tool_speed_max_mps`` (the
     tool-speed limit in force): the added part is shrunk so that ``|J u|`` stays within
-    ``TOOL_SPEED_BUDGET`` of it (module docstring); ``action`` itself is never changed."""
+    ``TOOL_SPEED_BUDGET`` of it (module docstring); ``action`` itself is only clipped to ``±limit``."""
     if scale <= 0.0 or std <= 0.0:
         return action
+    action = np.clip(action, -limit, limit)  # exploring, the command is held to the limit in force
     out = np.clip(action + scale * std * limit * noise, -limit, limit)
     if tool_jacobian is None or not math.isfinite(tool_speed_max_mps):
         return out
@@ -107,4 +108,4 @@ def explore(action: np.ndarray, noise: np.ndarray, scale: float, std: float, lim
         return action
     a, b = float(v_d @ v_d), 2.0 * float(v_a @ v_d)
     k = (-b + math.sqrt(b * b - 4.0 * a * c)) / (2.0 * a)  # |v_a + k v_d| = v_max, the root in (0, 1)
-    return np.clip(action + min(max(k, 0.0), 1.0) * (out - action), -limit, limit)
+    return action + min(max(k, 0.0), 1.0) * (out - action)  # between two points of the box: inside it

@@ -56,8 +56,13 @@ from robot_wm.core.safety.types import (
     Latch,
     LinearizedModel,
 )
-from robot_wm.core.safety.validate import ParsedInput, Problem, check_model
+from robot_wm.core.safety.validate import ParsedInput, Problem, as_scalar, check_model
 from robot_wm.core.safety.wrench import ForceTare, PayloadAcceleration
+
+#: The payload-inertia estimate's joint accelerations are clamped to this many times the filter's
+#: acceleration limit (a drive that lags its command overshoots the box; a glitching sensor does not
+#: get to make up more inertial force than that).
+PAYLOAD_QDD_FACTOR = 2.0
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -119,7 +124,8 @@ class SafetyController:
             raise ValueError(f"ft_frame {config.ft_frame!r} is not a frame of the URDF (force_sensor is true)")
         self.tare = ForceTare(max(1, round(config.tare_window_s / config.dt_s)), config.tare_max_bias_n,
                               config.tare_max_payload_kg, change_tolerance_n=config.tare_tolerance_n)
-        self.payload_accel = (PayloadAcceleration(kinematics, config.ft_frame, config.payload_accel_tau_s, 3 * config.dt_s)
+        self.payload_accel = (PayloadAcceleration(kinematics, config.ft_frame, config.payload_accel_tau_s, 3 * config.dt_s,
+                                                  PAYLOAD_QDD_FACTOR * np.asarray(limits.acceleration_max_radps2))
                               if config.force_sensor and config.payload_accel_tau_s > 0 else None)
         self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
         self.qdot_smoothed: np.ndarray | None = None  # measured velocity low-passed for the standstill check
@@ -357,7 +363,7 @@ class SafetyController:
             if problem is None:
                 stamped("joint state", joint.stamp_s)
                 self._smooth(qd)
-                self._joint_stamp_s = float(joint.stamp_s)
+                self._joint_stamp_s = as_scalar(joint.stamp_s) or 0.0
             else:
                 problems.append(problem)
         u_nom = None
@@ -502,7 +508,7 @@ class SafetyController:
             return None
         contact = self.tare.tare.contact_force_base(force_s, rot)
         if self.payload_accel is not None:  # the payload's inertia reads as force while the arm moves
-            contact = contact + self.tare.tare.payload_kg * self.payload_accel.update(self._joint_stamp_s, q, qd)
+            contact = contact + max(self.tare.tare.payload_kg, 0.0) * self.payload_accel.update(self._joint_stamp_s, q, qd)
         return contact
 
     def _smooth(self, qd: np.ndarray) -> None:

@@ -26,9 +26,13 @@ arm on a 20 N limit it never touched (worn_heavy, 32 episodes: 75 stop periods, 
 acceleration from the measured joint state (pinocchio, ``J q̈ + J̇ q̇``, with ``q̈`` the measured
 velocity's difference low-passed over ``tau_s``) and the contact force adds ``m a`` back
 (``ControllerConfig.payload_accel_tau_s``; 0 turns it off). The estimate lags the true acceleration
-by about ``tau_s``; where a contact decelerates the tool, the true ``a`` points along the contact
-force and the lagged estimate lies between zero and it, so the compensated force is never below
-the uncompensated one there: a contact is never read weaker than without the compensation.
+by about ``tau_s`` (plus a period for the median): for that long after a sudden change the error
+is about ``m (a_est − a)``; an impact while the tool was accelerating into the surface reads up to
+``m a_before`` weaker for about ``tau_s`` than without the compensation, then right. The mass is
+the tare's (its single-pose split puts the bias's component along gravity into it: at most
+``tare_max_bias_n / g``; never below zero here), and the acceleration is the sensor frame's, not
+the payload's centre of mass: a tool whose mass sits off the sensor's axis adds ``m (α × r + ω × (ω
+× r))`` unmodelled (a few N for 0.1 m at fast wrist rotations).
 
 Known limit: a payload picked up or dropped while running reads as a contact force (the F/T
 sensor cannot tell them apart); re-tare by an e-stop, ``~/tare`` and a reset at rest.
@@ -140,21 +144,30 @@ class ForceTare:
 class PayloadAcceleration:
     """The F/T frame's linear acceleration in the base frame (m/s²) from the measured joint state.
 
-    ``q̈`` is the measured velocity's difference between two joint samples, low-passed to first
-    order over ``tau_s`` (sensor noise of 0.01 rad/s per sample differenced at 100 Hz is 1.4 rad/s²);
-    the frame's classical acceleration ``J q̈ + J̇ q̇`` comes from pinocchio. A gap longer than
-    ``max_gap_s`` between samples, a repeated or older stamp or ``reset`` restarts the estimate
-    (zero until the next difference).
+    ``q̈`` is the measured velocity's difference between two joint samples; per joint the median of
+    the last three differences (one glitching velocity sample makes two differences of opposite
+    sign: the median drops it), low-passed to first order over ``tau_s`` (sensor noise of 0.01 rad/s
+    per sample differenced at 100 Hz is 1.4 rad/s²) and clamped to ``±qdd_max_radps2`` (what the
+    drives can do: a noisy or faulty velocity sensor cannot make up more inertial force than that).
+    The frame's classical acceleration ``J q̈ + J̇ q̇`` comes from pinocchio, with ``q̇`` the median of
+    the last three samples too. The estimate is zero
+    until three differences exist; a gap longer than ``max_gap_s``, a stamp going back or ``reset``
+    restarts it; a repeated stamp (the same sample again) leaves it as it is.
     """
 
-    def __init__(self, kinematics, frame: str, tau_s: float, max_gap_s: float) -> None:
+    MEDIAN_OF = 3
+
+    def __init__(self, kinematics, frame: str, tau_s: float, max_gap_s: float, qdd_max_radps2) -> None:
         self.kin, self.frame = kinematics, frame
         self.tau_s, self.max_gap_s = float(tau_s), float(max_gap_s)
+        self.qdd_max = np.broadcast_to(np.asarray(qdd_max_radps2, dtype=float), (len(kinematics.joint_names),)).copy()
         self.reset()
 
     def reset(self) -> None:
         self._t: float | None = None
         self._qd: np.ndarray | None = None
+        self._raw: list[np.ndarray] = []
+        self._qds: list[np.ndarray] = []
         self.qdd = np.zeros(len(self.kin.joint_names))
 
     def update(self, t_s: float, q_rad: np.ndarray, qd_radps: np.ndarray) -> np.ndarray:
@@ -163,8 +176,15 @@ class PayloadAcceleration:
         t = float(t_s)
         if self._t is not None and self._t < t <= self._t + self.max_gap_s:
             h = t - self._t
-            self.qdd += h / (self.tau_s + h) * ((qd - self._qd) / h - self.qdd)
+            self._raw = (self._raw + [(qd - self._qd) / h])[-self.MEDIAN_OF:]
+            if len(self._raw) == self.MEDIAN_OF:
+                self.qdd += h / (self.tau_s + h) * (np.median(self._raw, axis=0) - self.qdd)
+                np.clip(self.qdd, -self.qdd_max, self.qdd_max, out=self.qdd)
         elif self._t is None or t != self._t:  # the first sample, a gap or a stamp going back: start again
+            self._raw, self._qds = [], []
             self.qdd[:] = 0.0
+        if t != self._t or not self._qds:
+            self._qds = (self._qds + [qd.copy()])[-self.MEDIAN_OF:]
         self._t, self._qd = t, qd.copy()
-        return self.kin.frame_linear_acceleration(q_rad, qd, self.qdd, self.frame)
+        v = np.median(self._qds, axis=0)  # the velocity term (J̇ q̇) through the same median
+        return self.kin.frame_linear_acceleration(q_rad, v, self.qdd, self.frame)
