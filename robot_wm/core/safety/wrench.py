@@ -26,7 +26,7 @@ arm on a 20 N limit it never touched (worn_heavy, 32 episodes: 75 stop periods, 
 acceleration from the measured joint state (pinocchio, ``J q̈ + J̇ q̇``, with ``q̈`` the measured
 velocity's difference low-passed over ``tau_s``) and the contact force adds ``m a`` back
 (``ControllerConfig.payload_accel_tau_s``; 0 turns it off). The estimate lags the true acceleration
-by about ``tau_s`` (plus a period for the median): for that long after a sudden change the error
+by about ``tau_s``: for that long after a sudden change the error
 is about ``m (a_est − a)``; an impact while the tool was accelerating into the surface reads up to
 ``m a_before`` weaker for about ``tau_s`` than without the compensation, then right. The mass is
 the tare's (its single-pose split puts the bias's component along gravity into it: at most
@@ -144,18 +144,17 @@ class ForceTare:
 class PayloadAcceleration:
     """The F/T frame's linear acceleration in the base frame (m/s²) from the measured joint state.
 
-    ``q̈`` is the measured velocity's difference between two joint samples; per joint the median of
-    the last three differences (one glitching velocity sample makes two differences of opposite
-    sign: the median drops it), low-passed to first order over ``tau_s`` (sensor noise of 0.01 rad/s
-    per sample differenced at 100 Hz is 1.4 rad/s²) and clamped to ``±qdd_max_radps2`` (what the
-    drives can do: a noisy or faulty velocity sensor cannot make up more inertial force than that).
-    The frame's classical acceleration ``J q̈ + J̇ q̇`` comes from pinocchio, with ``q̇`` the median of
-    the last three samples too. The estimate is zero
-    until three differences exist; a gap longer than ``max_gap_s``, a stamp going back or ``reset``
-    restarts it; a repeated stamp (the same sample again) leaves it as it is.
+    ``q̈`` is the measured velocity's difference between two joint samples, low-passed to first
+    order over ``tau_s`` (sensor noise of 0.01 rad/s per sample differenced at 100 Hz is 1.4 rad/s²)
+    and clamped to ``±qdd_max_radps2`` (what the drives can do: a noisy or faulty velocity sensor
+    cannot make up more inertial force than that). A sample whose velocity jumped by more than
+    ``qdd_max_radps2`` allows since the last one taken is held back once (a glitch: the estimate
+    and the reference stay; the next sample is differenced against the last good one); a second
+    such sample in a row is taken (the arm really changed speed: a hit). The frame's classical
+    acceleration ``J q̈ + J̇ q̇`` comes from pinocchio. A gap longer than ``max_gap_s``, a stamp
+    going back or ``reset`` restarts the estimate from zero; a repeated stamp (the same sample
+    again) leaves it as it is.
     """
-
-    MEDIAN_OF = 3
 
     def __init__(self, kinematics, frame: str, tau_s: float, max_gap_s: float, qdd_max_radps2) -> None:
         self.kin, self.frame = kinematics, frame
@@ -166,25 +165,27 @@ class PayloadAcceleration:
     def reset(self) -> None:
         self._t: float | None = None
         self._qd: np.ndarray | None = None
-        self._raw: list[np.ndarray] = []
-        self._qds: list[np.ndarray] = []
+        self._held = False
+        self.glitches = 0  # samples held back as glitches, in all
         self.qdd = np.zeros(len(self.kin.joint_names))
 
     def update(self, t_s: float, q_rad: np.ndarray, qd_radps: np.ndarray) -> np.ndarray:
         """Take one joint sample (stamp ``t_s``); return the frame's acceleration now (m/s², base frame)."""
         qd = np.asarray(qd_radps, dtype=float)
         t = float(t_s)
+        if t == self._t:  # the same sample again (no newer joint state this period): nothing new
+            return self.kin.frame_linear_acceleration(q_rad, self._qd, self.qdd, self.frame)
         if self._t is not None and self._t < t <= self._t + self.max_gap_s:
             h = t - self._t
-            self._raw = (self._raw + [(qd - self._qd) / h])[-self.MEDIAN_OF:]
-            if len(self._raw) == self.MEDIAN_OF:
-                self.qdd += h / (self.tau_s + h) * (np.median(self._raw, axis=0) - self.qdd)
-                np.clip(self.qdd, -self.qdd_max, self.qdd_max, out=self.qdd)
-        elif self._t is None or t != self._t:  # the first sample, a gap or a stamp going back: start again
-            self._raw, self._qds = [], []
+            if not self._held and np.any(np.abs(qd - self._qd) > self.qdd_max * h):
+                self._held = True  # a glitch until the next sample says otherwise
+                self.glitches += 1
+                return self.kin.frame_linear_acceleration(q_rad, self._qd, self.qdd, self.frame)
+            self._held = False
+            self.qdd += h / (self.tau_s + h) * ((qd - self._qd) / h - self.qdd)
+            np.clip(self.qdd, -self.qdd_max, self.qdd_max, out=self.qdd)
+        else:  # the first sample, a gap or a stamp going back: start again
+            self._held = False
             self.qdd[:] = 0.0
-        if t != self._t or not self._qds:
-            self._qds = (self._qds + [qd.copy()])[-self.MEDIAN_OF:]
         self._t, self._qd = t, qd.copy()
-        v = np.median(self._qds, axis=0)  # the velocity term (J̇ q̇) through the same median
-        return self.kin.frame_linear_acceleration(q_rad, v, self.qdd, self.frame)
+        return self.kin.frame_linear_acceleration(q_rad, qd, self.qdd, self.frame)
