@@ -205,3 +205,27 @@ def test_the_policy_node_explores_only_in_mixed_at_a_moving_level_with_a_fresh_f
         assert ex.low == 0.008 and ex.std == 0.3
     finally:
         node.destroy_node()
+
+
+def test_a_round_waiting_on_a_latched_filter_tells_the_operator_once(monkeypatch):
+    """The trust level moves again but the filter still holds the arm (a latch from a trust STOP or
+    an e-stop): the run says once what the operator must do, and goes on when the round is done."""
+    import robot_wm.learning.mixed_live as ml
+
+    monkeypatch.setattr(ml, "LATCH_NOTICE_S", 0.2)
+    said: list[str] = []
+    arm = object.__new__(ml.LiveArm)
+    arm.progress = said.append
+    rec = types.SimpleNamespace(done=threading.Event(), trust_level=0, filter_reason="")
+    timer = threading.Timer(1.0, rec.done.set)
+    rec.filter_reason = "trust: trust level STOP; trust level is STOP: a moving level must come first"
+    timer.start()
+    try:
+        assert arm._wait_round(rec, 5.0)
+    finally:
+        timer.cancel()
+    assert len(said) == 1 and "robot-wm reset" in said[0] and "trust level STOP" in said[0]
+    rec.done.clear()
+    rec.filter_reason, rec.trust_level = "", 0  # the filter runs: nothing to say
+    threading.Timer(0.5, rec.done.set).start()
+    assert arm._wait_round(rec, 5.0) and len(said) == 1

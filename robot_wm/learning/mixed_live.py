@@ -29,6 +29,7 @@ from robot_wm.learning.mixed_episodes import MixedConfig, MixedError
 
 READY_TIMEOUT_S = 30.0  # a graph that has said nothing by then is not running
 SWAP_TIMEOUT_S = 60.0  # an announced set not running by then: the run stops and says so
+LATCH_NOTICE_S = 3.0  # the filter holding the arm this long while the trust level moves: an operator is needed
 POLICY_NODE = "/policy"
 
 
@@ -178,14 +179,21 @@ class LiveArm:
         return sorted(rec.summaries, key=lambda e: e["index"])
 
     def _wait_round(self, rec, timeout_s: float) -> bool:
-        """Until the round's bags are written; says so when the arm waits for an operator (HUMAN)."""
-        deadline, told = time.monotonic() + timeout_s, False
+        """Until the round's bags are written; says so when the arm waits for an operator: trust level
+        HUMAN, or the filter holding the arm (a latch) for LATCH_NOTICE_S while the trust level moves."""
+        deadline, told, held_since, told_held = time.monotonic() + timeout_s, False, None, False
         while time.monotonic() < deadline and not rec.done.is_set():
             human = rec.trust_level == 4
             if human and not told:
                 self.progress("trust level HUMAN: the arm is held until an operator acknowledges (robot-wm trust "
                               "acknowledge) and releases the filter's latch (robot-wm reset); the round goes on after")
             told = human
+            held = bool(rec.filter_reason) and rec.trust_level is not None and rec.trust_level <= 1 and not human
+            held_since = (held_since or time.monotonic()) if held else None
+            if held and not told_held and time.monotonic() - held_since >= LATCH_NOTICE_S:
+                self.progress(f"the safety filter holds the arm ({rec.filter_reason}) while the trust level moves: "
+                              "an operator checks the arm and releases it (robot-wm reset); the round goes on after")
+            told_held = held and (told_held or time.monotonic() - held_since >= LATCH_NOTICE_S)
             time.sleep(0.1)
         return rec.done.is_set()
 

@@ -61,6 +61,7 @@ class MixedRecorder(DemoRecorder):
         self._round_lock = threading.Lock()
         self._episode_start_ns: int | None = None  # the running path's start (the last end, or the filter's resumption)
         self._stopped, self._stopped_ns, self._stop_counted = False, 0, False
+        self.filter_reason = ""  # why the filter holds the arm now ("" while it runs)
         self._recorded_until_ns = 0  # an EpisodeResult whose window began before this was already written
         self.trust_level: int | None = None
         self.trust_phase: int | None = None
@@ -115,6 +116,7 @@ class MixedRecorder(DemoRecorder):
         msg = deserialize_message(data, SafetyStatus)
         now = self.get_clock().now().nanoseconds
         running = msg.state_text in _RUNNING
+        self.filter_reason = "" if running else (msg.fault_reason or msg.state_text)
         if running and self._stopped:
             self._stopped = False
             if now - self._stopped_ns >= HOLD_AFTER_S * 1e9:
