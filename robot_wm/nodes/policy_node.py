@@ -94,6 +94,7 @@ class PolicyNode(ControlNode):
         self._goal: np.ndarray | None = None
         self._reference = None  # ReferenceWindow
         self._limits = None  # the safety limits whose trust-level scales the output follows
+        self._tool_speed_full = float("inf")  # tool-speed limit at FULL in this node's phase (m/s)
         self._action_limit = None
         self._trust: tuple[int, int] | None = None  # (level, phase) of the latest TrustState
         if self.task_name not in ("reach", "track"):
@@ -142,6 +143,8 @@ class PolicyNode(ControlNode):
             self.kin = Kinematics(urdf, self.joint_names)
             self._action_limit = np.asarray(self.task.action_limit_radps, dtype=float)  # what exploration is a fraction of
             self._limits = load_safety_limits()
+            # the filter's tool-speed limit at FULL in this node's phase: times the trust speed factor, the limit in force
+            self._tool_speed_full = self._limits.tool_speed_max_mps * self._limits.scale_for(TrustLevel.FULL, self.phase).speed
             self.slew = (SlewLimiter(slew_delta(self._limits, self.period_s, self.slew_fraction, self.phase))
                          if self.slew_fraction > 0 else None)
             from robot_wm.core.teleop import Teleop
@@ -220,13 +223,6 @@ class PolicyNode(ControlNode):
         except ValueError:  # a malformed TrustState: the filter latches on it; here the safe choice
             return 0.0, 1.0
 
-    def _tool_speed_max(self) -> float:
-        """The filter's tool-speed limit at FULL in this node's phase (m/s): times the trust speed
-        factor, the limit in force."""
-        if self._limits is None:
-            return float("inf")
-        return self._limits.tool_speed_max_mps * self._limits.scale_for(TrustLevel.FULL, self.phase).speed
-
     def control_step(self) -> None:
         """Run the policy on the latest joint state and goal or reference; publish the nominal command."""
         from robot_wm.core.policy_runner import PolicyOutputError
@@ -258,7 +254,7 @@ class PolicyNode(ControlNode):
             return
         speed, accel = self._trust_scales()
         action = self.exploration.apply(action * speed, self._action_limit * speed, self._trust,  # the limits in force
-                                        q, self.kin, self._tool_speed_max() * speed)
+                                        q, self.kin, self._tool_speed_full * speed)
         if self.slew is not None:
             action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))

@@ -129,7 +129,6 @@ class SafetyController:
                               if config.force_sensor and config.payload_accel_tau_s > 0 else None)
         self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
         self.qdot_smoothed: np.ndarray | None = None  # measured velocity low-passed for the standstill check
-        self._joint_stamp_s = 0.0  # the stamp of this period's joint state
         self.last_output: ControllerOutput | None = None
         self._last_step_s: float | None = None
         self._slack_periods = 0
@@ -363,7 +362,6 @@ class SafetyController:
             if problem is None:
                 stamped("joint state", joint.stamp_s)
                 self._smooth(qd)
-                self._joint_stamp_s = as_scalar(joint.stamp_s) or 0.0
             else:
                 problems.append(problem)
         u_nom = None
@@ -374,7 +372,7 @@ class SafetyController:
             else:
                 problems.append(problem)
         level, phase = self._trust(now, trust, problems)
-        force = self._force(now, wrench, q, qd, problems, stamped) if cfg.force_sensor else None
+        force = self._force(now, wrench, q, qd, problems, stamped, joint) if cfg.force_sensor else None
         age_name, age = max(ages, key=lambda a: a[1]) if ages else ("", 0.0)
         age = max(age, 0.0)  # a stamp within one period ahead (clock skew) counts as fresh
         if age > self.limits.stale_limit_periods:
@@ -482,7 +480,7 @@ class SafetyController:
             sup.trust_blocks_reset = ""
         return level, phase
 
-    def _force(self, now: float, wrench: WrenchSample | None, q, qd, problems: list[Problem], stamped):
+    def _force(self, now: float, wrench: WrenchSample | None, q, qd, problems: list[Problem], stamped, joint=None):
         """The contact force in the base frame (tared), or None; problems are appended."""
         cfg = self.config
         if wrench is None:
@@ -508,7 +506,8 @@ class SafetyController:
             return None
         contact = self.tare.tare.contact_force_base(force_s, rot)
         if self.payload_accel is not None:  # the payload's inertia reads as force while the arm moves
-            contact = contact + max(self.tare.tare.payload_kg, 0.0) * self.payload_accel.update(self._joint_stamp_s, q, qd)
+            stamp = as_scalar(joint.stamp_s) or 0.0  # checked with q this period (q is None otherwise)
+            contact = contact + max(self.tare.tare.payload_kg, 0.0) * self.payload_accel.update(stamp, q, qd)
         return contact
 
     def _smooth(self, qd: np.ndarray) -> None:
