@@ -3,7 +3,8 @@ of real episodes, per arm profile, and what ``train mixed`` costs on this machin
 
     python bench/bench_mixed.py [--profiles real_twin worn_heavy] [--checkpoints 10 25 50]
                                 [--base models/track] [--real-per-round 5] [--eval-episodes 32]
-                                [--exploration-std 0] [--out out/bench_mixed] [--json]
+                                [--exploration-std 0] [--joint-calibration FILE]
+                                [--out out/bench_mixed] [--json]
 
 Per profile: one ``train mixed --library`` run (config/training.yaml ``mixed`` and ``adapt``;
 ``--real-per-round`` so that the checkpoints fall on round ends) up to the largest checkpoint;
@@ -14,7 +15,9 @@ set on the nominal simulator, same paths (the issue's target: within 1 point of 
 5 % of its tracking error). Besides: interventions and trust drops per 100 real episodes, the
 filter's intervention rate and violations in the real episodes, wall-clock and CPU. A run
 directory that exists is resumed (``train mixed`` resumes). Prints a table and, last, one JSON
-object; writes ``<out>/learning_curve.{json,png}``.
+object; writes ``<out>/learning_curve.{json,png}``. ``--joint-calibration``: the arm driver's
+joint calibration (``robot-wm calibrate joints``) on the profiles' arms, in the real episodes and
+their evaluations (the nominal reference has no encoder offsets to calibrate).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ def main() -> int:
     ap.add_argument("--ratio", default=None)
     ap.add_argument("--exploration-std", type=float, default=None, help="ablation: 0 = no exploration")
     ap.add_argument("--eval-episodes", type=int, default=32)
+    ap.add_argument("--joint-calibration", default=None, help="the driver's joint calibration on the profiles' arms")
     ap.add_argument("--out", default=str(REPO / "out" / "bench_mixed"))
     ap.add_argument("--json", action="store_true", help="only the JSON line")
     args = ap.parse_args()
@@ -60,21 +64,22 @@ def main() -> int:
     n_eval, seed = args.eval_episodes, acfg.eval_seed
     result = {"base": str(base), "eval_episodes": n_eval, "eval_seed": seed, "ratio": cfg.ratio,
               "exploration_std": cfg.exploration_std,
-              "real_per_round": cfg.real_per_round, "profiles": {}}
+              "real_per_round": cfg.real_per_round, "joint_calibration": args.joint_calibration, "profiles": {}}
+    jcal = args.joint_calibration
     t0 = time.perf_counter()
     result["nominal_reference"] = _stack_eval(base, "track", "nominal", n_eval, seed)
     for profile in args.profiles:
         run_dir = out / f"run_{profile}"
         started, cpu = time.perf_counter(), time.process_time()
         report = train_mixed("track", base, run_dir, profile, max(args.checkpoints), cfg, acfg, evaluate=False,
-                             progress=False, command=" ".join(sys.argv))
-        rows = [{"real_episodes": 0, **_stack_eval(base, "track", profile, n_eval, seed)}]
+                             progress=False, command=" ".join(sys.argv), joint_calibration=jcal)
+        rows = [{"real_episodes": 0, **_stack_eval(base, "track", profile, n_eval, seed, jcal)}]
         for n in sorted(args.checkpoints):
             at = [r for r in report["rounds"] if r["real_episodes_done"] <= n]
             if not at:
                 continue
             rows.append({"real_episodes": at[-1]["real_episodes_done"], "set": at[-1]["set"],
-                         **_stack_eval(Path(at[-1]["set"]), "track", profile, n_eval, seed)})
+                         **_stack_eval(Path(at[-1]["set"]), "track", profile, n_eval, seed, jcal)})
         result["profiles"][profile] = {"curve": rows, "summary": report["summary"], "timing": report["timing"],
                                        "calibration_source": report.get("calibration_source"),
                                        "rounds": [{k: r[k] for k in ("round", "real_episodes_done", "successes",

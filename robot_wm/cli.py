@@ -317,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=e2e.command)
 
     from robot_wm.learning.demos_cli import add_parsers as add_demo_parsers
+    from robot_wm.learning.joint_calibration_run import add_parser as add_calibrate_parser
     from robot_wm.learning.pipeline import add_parsers
     from robot_wm.learning.report import add_parser as add_report_parser
     from robot_wm.registry_cli import add_parser as add_models_parser
@@ -325,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parsers(verbs)
     add_report_parser(verbs)
     add_models_parser(verbs)
+    add_calibrate_parser(verbs)
     return parser
 
 

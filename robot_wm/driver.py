@@ -21,7 +21,11 @@ so that nothing downstream can tell a driver from a ros2_control arm:
   transport fault, not the arm's: it is counted, logged and reported as WARN, never latched. The
   arm is fine; a consumer that misses states stops commanding, which the command timeout turns into
   rest. Drivers publish what else they measure with :meth:`~ArmDriver.publish_measurement`;
-- the arm is brought to rest when the node shuts down.
+- the arm is brought to rest when the node shuts down;
+- ``joint_calibration_file`` (``robot-wm calibrate joints``): the encoder offsets it holds are
+  subtracted from the measured positions before they are published, as ros2_control's
+  SimpleTransmission applies its ``joint_offset``, so every node sees calibrated angles; a file
+  that cannot be used refuses the node's start, naming what was wrong.
 
 A driver subclasses :class:`ArmDriver` and implements :meth:`~ArmDriver.read_state`,
 :meth:`~ArmDriver.write_velocity` and :meth:`~ArmDriver.bring_to_rest` (and, where the arm needs
@@ -108,6 +112,17 @@ class ArmDriver(Node):
         if self.joint_names != list(limits.names):
             raise NodeConfigError(f"{node_name}: parameter joint_names {self.joint_names} does not match the URDF's "
                                   f"{list(limits.names)}")
+        self.joint_calibration_file = declare(
+            self, "joint_calibration_file", "", "encoder offsets subtracted from the measured positions (robot-wm "
+            "calibrate joints; '' none)", read_only=True)
+        self.joint_calibration = None
+        if self.joint_calibration_file:
+            from robot_wm.core.joint_calibration import JointCalibrationError, load
+
+            try:
+                self.joint_calibration = load(self.joint_calibration_file, self.joint_names)
+            except JointCalibrationError as exc:
+                raise NodeConfigError(f"{node_name}: parameter joint_calibration_file: {exc}") from None
         self.limits = limits
         self.hardware_id = hardware_id
         self.fault: str | None = None  # the first exception of the driver's own methods, until ~/reset
@@ -251,6 +266,8 @@ class ArmDriver(Node):
         position, velocity, effort = state
         msg = self._state_msg
         msg.header.stamp = stamp
+        if self.joint_calibration is not None:
+            position = self.joint_calibration.correct(position)
         msg.position = np.asarray(position, dtype=float).tolist()
         msg.velocity = np.asarray(velocity, dtype=float).tolist()
         msg.effort = [] if effort is None else np.asarray(effort, dtype=float).tolist()
@@ -283,7 +300,8 @@ class ArmDriver(Node):
             status.message += f"; {refused}"
         pairs = [("state", state.name), ("rejected_commands", str(self.rejected)),
                  ("command_timeout_s", f"{self.command_timeout_s:g}"), ("publish_rate_hz", f"{self.rate_hz:g}"),
-                 ("failed_publishes", str(self.failed_publishes))]
+                 ("failed_publishes", str(self.failed_publishes)),
+                 ("joint_calibration", self.joint_calibration_file or "none")]
         status.values = [KeyValue(key=k, value=v) for k, v in pairs + list(extra)]
         msg = DiagnosticArray(status=[status])
         msg.header.stamp = self.get_clock().now().to_msg()

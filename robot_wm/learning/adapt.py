@@ -285,7 +285,7 @@ def _collect_replay(n: int, seed: int, progress: bool) -> Dataset | None:
     return collect(CollectConfig(transitions=n, seed=seed), load_task(), ranges, progress=progress)
 
 
-def _stack_eval(models_dir: Path, task: str, profile: str, episodes: int, seed: int) -> dict:
+def _stack_eval(models_dir: Path, task: str, profile: str, episodes: int, seed: int, joint_calibration=None) -> dict:
     from robot_wm import description
     from robot_wm.core.policy_runner import PolicyRunner
     from robot_wm.core.tasks import get_task
@@ -294,7 +294,8 @@ def _stack_eval(models_dir: Path, task: str, profile: str, episodes: int, seed: 
     t = get_task(task)
     names = description.joint_limits(description.expand()).names
     policy = PolicyRunner(Path(models_dir) / "policy.onnx", names, t.control_dt_s, t.action_limit_radps, task=task)
-    rep = evaluate_stack(policy, profile, episodes, seed, task=t, models_dir=Path(models_dir))
+    rep = evaluate_stack(policy, profile, episodes, seed, task=t, models_dir=Path(models_dir),
+                         joint_calibration=joint_calibration)
     d = rep.to_dict()
     keys = ("success_rate", "tracking_rms_m_median", "tracking_rms_m_p90", "tracking_max_m_median", "final_error_m_median",
             "intervention_rate", "violations")
@@ -302,8 +303,10 @@ def _stack_eval(models_dir: Path, task: str, profile: str, episodes: int, seed: 
 
 
 def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = AdaptConfig(), *,
-          evaluate: bool = True, progress: bool = True, command: str = "") -> dict[str, Any]:
-    """Run the whole adaptation (module docstring); returns the report (also ``out/adapt.json``)."""
+          evaluate: bool = True, progress: bool = True, command: str = "", joint_calibration=None) -> dict[str, Any]:
+    """Run the whole adaptation (module docstring); returns the report (also ``out/adapt.json``).
+    ``joint_calibration``: the driver's joint calibration for the stack evaluation on the demos'
+    profile (the one the demos were recorded through; the nominal reference has no offsets)."""
     from robot_wm import description
     from robot_wm.bags import BagError
     from robot_wm.core.onnx_model import read_sidecar
@@ -399,8 +402,12 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
                 except ProfileError:
                     stack[robot] = {"skipped": f"{robot!r} is not a simulator profile (hardware): evaluate on the arm"}
                     continue
-                stack[robot] = {"before": _stack_eval(base, task, robot, cfg.eval_episodes, cfg.eval_seed),
-                                "after": _stack_eval(out, task, robot, cfg.eval_episodes, cfg.eval_seed)}
+                stack[robot] = {"before": _stack_eval(base, task, robot, cfg.eval_episodes, cfg.eval_seed,
+                                                      joint_calibration),
+                                "after": _stack_eval(out, task, robot, cfg.eval_episodes, cfg.eval_seed,
+                                                     joint_calibration)}
+                if joint_calibration is not None:
+                    stack[robot]["joint_calibration"] = str(joint_calibration)
             stack["nominal_reference"] = _stack_eval(base, task, "nominal", cfg.eval_episodes, cfg.eval_seed)
             report["stack"] = stack
         report["timing"]["total_wall_s"] = round(time.perf_counter() - wall0, 1)

@@ -92,6 +92,7 @@ def register(out: Path, task: str, base: Path, report: dict[str, Any], *, activa
 
 def cmd_adapt(args) -> int:
     from robot_wm.bags import BagError
+    from robot_wm.core.joint_calibration import JointCalibrationError
     from robot_wm.learning.config import ConfigError, load_section
     from robot_wm.learning.provenance import command_line
     from robot_wm.paths import config_path
@@ -105,6 +106,15 @@ def cmd_adapt(args) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"adapt: {exc}", file=sys.stderr)
         return 2
+    if args.joint_calibration:  # refused now, not after the training
+        from robot_wm import description
+        from robot_wm.core import joint_calibration
+
+        try:
+            joint_calibration.load(args.joint_calibration, description.joint_limits(description.expand()).names)
+        except JointCalibrationError as exc:
+            print(f"adapt: --joint-calibration: {exc}", file=sys.stderr)
+            return 2
     base = Path(args.base) if args.base else default_base(args.task)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -113,8 +123,9 @@ def cmd_adapt(args) -> int:
         return 2
     try:
         report = adapt(args.task, Path(args.demos), base, out, cfg, evaluate=not args.no_eval,
-                       progress=not args.no_progress, command=command_line())
-    except (BagError, AdaptError, FileNotFoundError) as exc:
+                       progress=not args.no_progress, command=command_line(),
+                       joint_calibration=args.joint_calibration)
+    except (BagError, AdaptError, FileNotFoundError, JointCalibrationError) as exc:
         print(f"adapt: {exc}", file=sys.stderr)
         return 2
     from robot_wm.core.onnx_model import ModelError

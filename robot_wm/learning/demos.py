@@ -118,7 +118,8 @@ class LibraryRecorder:
 
 
 def record_library(task_name: str, profile: str, n: int, out: Path, *, seed: int = 0, source: str = "policy",
-                   models_dir: Path | None = None, progress: bool = True, first_index: int = 0) -> list[Path]:
+                   models_dir: Path | None = None, progress: bool = True, first_index: int = 0,
+                   joint_calibration=None) -> list[Path]:
     """Record ``n`` episodes of ``task_name`` on the library-mode simulator with ``profile``.
 
     Args:
@@ -126,6 +127,8 @@ def record_library(task_name: str, profile: str, n: int, out: Path, *, seed: int
         models_dir: the model set (policy and the filter's world model); default the shipped one.
         first_index: index of the first episode (episode i uses the task's episode i of ``seed``),
             so a second call can add to a directory.
+        joint_calibration: the driver's joint calibration (file or ``JointCalibration``): the
+            bags then carry the calibrated joint states, as a calibrated driver publishes them.
     Returns:
         The bag directories written (``out/<task>_<profile>_<index>``).
     """
@@ -151,7 +154,7 @@ def record_library(task_name: str, profile: str, n: int, out: Path, *, seed: int
     if models_dir is None:
         models_dir = Path(data_path("models", must_exist=False)) if task.name == "reach" else \
             Path(data_path("models", "track", must_exist=False))
-    built = build_stack(dt, models_dir)
+    built = build_stack(dt, models_dir, joint_calibration=joint_calibration)
     names = tuple(built.kinematics.joint_names)
     wm = WorldModelRunner(built.world_model_path, names, dt)
     predictor = WorldModelRunner(built.world_model_path, names, dt, analytic=False)  # the world_model node's own
@@ -186,11 +189,17 @@ def record_library(task_name: str, profile: str, n: int, out: Path, *, seed: int
                                    error_m=rec.error, interventions=0, filter_interventions=int(ep["interventions"]),
                                    start_ns=rec.ns(rec.t_task), end_ns=rec.end_ns, dt_s=dt, joint_names=list(names),
                                    models=models, index=i, library=True,
-                                   extra={"seed": seed, "trust": cal_note,
+                                   extra={"seed": seed, "trust": cal_note, **_calibration_note(built),
                                           "violations": {k: int(v) for k, v in ep["violations"].items()}})
                 written.append(writer.close(meta))
             base_ns = rec.end_ns + 1_000_000_000  # the next episode a second later on the same clock
     return written
+
+
+def _calibration_note(built) -> dict:
+    cal = built.joint_calibration
+    return {} if cal is None else {"joint_calibration": {j: round(float(o), 7) for j, o in
+                                                         zip(cal.joint_names, cal.offset_rad)}}
 
 
 # ------------------------------------------------------------------------------------------ inspect

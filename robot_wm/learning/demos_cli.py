@@ -21,7 +21,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         try:
             paths = record_library(args.task, args.profile, args.demos, out, seed=args.seed, source=args.source,
                                    models_dir=Path(args.models) if args.models else None,
-                                   progress=not args.no_progress, first_index=args.first_index)
+                                   progress=not args.no_progress, first_index=args.first_index,
+                                   joint_calibration=args.joint_calibration)
         except (ProfileError, ValueError, OSError) as exc:
             print(f"record: {exc}", file=sys.stderr)
             return 2
@@ -82,6 +83,7 @@ def _add_adapt_parser(verbs) -> None:
     p.add_argument("--base", default=None, help="base model set (default: the task's active set, else the shipped one)")
     p.add_argument("--out", required=True, help="directory of the new model set (must not exist or be empty)")
     p.add_argument("--config", default=None, help="training YAML (default: config/training.yaml, section adapt)")
+    p.add_argument("--joint-calibration", default=None, help="the stack evaluation on the demos' profile: " + "the arm driver's joint calibration (robot-wm calibrate joints) applied to the library arm's joint states")
     p.add_argument("--policy-iterations", type=int, default=None, help="override (0: adapt the world model only)")
     p.add_argument("--wm-epochs", type=int, default=None)
     p.add_argument("--replay", type=int, default=None, help="simulator replay transitions (0: none)")
@@ -112,6 +114,7 @@ def add_parsers(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default=None, help="--library: model set directory (default: the shipped one)")
     p.add_argument("--seed", type=int, default=0, help="--library: episode seed (paths / goals, starts)")
     p.add_argument("--first-index", type=int, default=0, help="--library: index of the first episode (add to a directory)")
+    p.add_argument("--joint-calibration", default=None, help="--library: " + "the arm driver's joint calibration (robot-wm calibrate joints) applied to the library arm's joint states")
     p.add_argument("--timeout", type=float, default=3600.0, help="live: give up after this many seconds")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_record)

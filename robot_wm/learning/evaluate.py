@@ -212,6 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "the world model, F/T, latches) -> arm; adds intervention_rate and violations")
     parser.add_argument("--models", default=None,
                         help="a model set's directory (policy.onnx, world_model.onnx + sidecars); default models/ (reach), models/track/ (track)")
+    parser.add_argument("--joint-calibration", default=None, help="--stack: " + "the arm driver's joint calibration (robot-wm calibrate joints) applied to the library arm's joint states")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
@@ -361,12 +362,13 @@ def _run_reports(args, policies, profile, task, task_obj, models_dir, reports, f
                 from robot_wm.learning.stack_eval import evaluate_stack
 
                 reports[key] = evaluate_stack(pol, profile, args.episodes, args.seed, task=task_obj,
-                                              models_dir=models_dir, stack=args.stack, progress=not args.no_progress)
+                                              models_dir=models_dir, stack=args.stack, progress=not args.no_progress,
+                                              joint_calibration=getattr(args, "joint_calibration", None))
             else:
                 reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
         except PolicyOutputError as exc:
             return fail(f"{key} failed during evaluation: {exc}", 1)
-        except (ModelError, RuntimeError) as exc:
+        except (ModelError, RuntimeError, ValueError) as exc:  # JointCalibrationError is a ValueError
             return fail(f"{key}: the stack could not run: {exc}")
         print(f"eval{' --stack' if args.stack else ''}: {reports[key].policy}: {args.episodes} episodes on "
               f"{profile.name} in {reports[key].wall_s:.1f} s", file=sys.stderr)

@@ -29,6 +29,8 @@ def add_parser(train: argparse._SubParsersAction, common) -> None:
                                                    "stack: the profile the embedded arm runs (its trust calibration's name)")
     p.add_argument("--robot", default=None, help="on a running stack with hardware: the arm's name (its trust calibration's "
                                                  "and the bags')")
+    p.add_argument("--joint-calibration", default=None, help="--library: the arm driver's joint calibration (robot-wm "
+                                                             "calibrate joints) applied to the simulated arm's joint states")
     p.add_argument("--episode-timeout", type=float, default=120.0, help="on a running stack: seconds a real episode may "
                                                                         "take before the run stops (default 120)")
     p.add_argument("--register", action="store_true", help="add every round's set to the model registry (with --library "
@@ -98,7 +100,8 @@ def cmd_train_mixed(args) -> int:
                           progress=lambda line: print(f"train mixed: {line}", flush=True,
                                                       file=sys.stderr if args.json else sys.stdout))
         report = train_mixed(args.task, base, Path(args.out), args.robot or args.profile, args.real_episodes, cfg, acfg,
-                             register=args.register, progress=not args.no_progress, command=command_line(), arm=arm)
+                             register=args.register, progress=not args.no_progress, command=command_line(), arm=arm,
+                             joint_calibration=args.joint_calibration)
     except (MixedError, BagError, AdaptError, ModelError, ProfileError, FileNotFoundError, ValueError) as exc:
         print(f"train mixed: {exc}", file=sys.stderr)
         return 2

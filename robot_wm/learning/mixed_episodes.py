@@ -174,14 +174,14 @@ class ContinuousTrust:
     def prediction(self, t_s, *args) -> None:
         self.tracker.prediction(t_s + self.offset, *args)
 
-    def settle(self, profile, q0_rad, predictor, seed: int) -> float:
+    def settle(self, profile, q0_rad, predictor, seed: int, joint_calibration=None) -> float:
         """Hold the arm at rest at ``q0_rad`` until the level is FULL (at most MAX_SETTLE_S); seconds spent."""
-        from robot_wm.sim import ArmSim
+        from robot_wm.learning.stack_eval import library_arm
 
         if self.level == TrustLevel.FULL:
             return 0.0
         self.new_episode()
-        sim = ArmSim(profile, seed=seed, q0_rad=q0_rad)
+        sim = library_arm(profile, seed, q0_rad, joint_calibration)
         steps = int(round(self.dt_s / sim.dt_s))
         predictor.reset()
         zero = np.zeros(len(q0_rad))
@@ -200,12 +200,12 @@ class ContinuousTrust:
 
 def run_real_episodes(task_name: str, profile: str, set_dir: Path, calibration, indices: list[int], out: Path,
                       cfg: MixedConfig, *, explore: bool = True, round_index: int = 0, trust: ContinuousTrust | None = None,
-                      progress: bool = True, fault: tuple | None = None) -> list[dict]:
+                      progress: bool = True, fault: tuple | None = None, joint_calibration=None) -> list[dict]:
     """Run and record the real episodes ``indices`` (the task's episodes of ``cfg.seed``) with the
     set in ``set_dir`` in the MIXED phase; one bag each in ``out``. ``trust``: the run's monitor
     (its calibration set to ``calibration``; a new one when None). ``fault``: (task time s, the
     ``FaultInjector.apply`` arguments) injected into every episode (fault-injection tests).
-    Returns one summary per episode."""
+    ``joint_calibration``: the arm driver's (``build_stack``). Returns one summary per episode."""
     from tqdm import tqdm
 
     from robot_wm import description
@@ -222,7 +222,7 @@ def run_real_episodes(task_name: str, profile: str, set_dir: Path, calibration, 
     task = get_task(task_name)
     prof = load_profile(profile)
     dt = task.control_dt_s
-    built = build_stack(dt, set_dir, phase=Phase.MIXED)
+    built = build_stack(dt, set_dir, phase=Phase.MIXED, joint_calibration=joint_calibration)
     names = tuple(built.kinematics.joint_names)
     wm = WorldModelRunner(built.world_model_path, names, dt)
     predictor = WorldModelRunner(built.world_model_path, names, dt, analytic=False)
@@ -242,7 +242,8 @@ def run_real_episodes(task_name: str, profile: str, set_dir: Path, calibration, 
         trust.set_calibration(calibration)
     for i in tqdm(indices, desc=f"real episodes [{prof.name}, MIXED]", unit="episode", file=sys.stderr,
                   disable=not progress, leave=False):
-        settled = trust.settle(prof, eps.q0_rad[i], predictor, seed=eps.sim_seed + i)
+        settled = trust.settle(prof, eps.q0_rad[i], predictor, seed=eps.sim_seed + i,
+                               joint_calibration=built.joint_calibration)
         wm.reset()
         predictor.reset()
         trust.new_episode()

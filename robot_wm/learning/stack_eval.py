@@ -142,17 +142,20 @@ class Stack:
     world_model_path: Path
     config: object
     slew_delta_radps: np.ndarray | None = None
+    joint_calibration: object = None  # robot_wm.core.joint_calibration.JointCalibration the driver applies
 
 
 #: How long the start-up may wait for the arm to come to rest under its zero command before the
 #: F/T tare (s); the episode's clock starts after the enable, so this is not scored.
 START_SETTLE_S = 2.0
 
-def build_stack(control_dt_s: float, models_dir: Path | None = None, phase=None) -> Stack:
+def build_stack(control_dt_s: float, models_dir: Path | None = None, phase=None, joint_calibration=None) -> Stack:
     """The safety filter as the node configures it on the embedded arm, and the world model file.
 
     ``phase``: the deployment phase whose limit scales apply (default SIM, as on the embedded arm;
-    ``train mixed`` runs its real episodes in MIXED)."""
+    ``train mixed`` runs its real episodes in MIXED). ``joint_calibration``: a calibration file
+    (``robot-wm calibrate joints``) or ``JointCalibration`` the arm's driver applies to the joint
+    states it publishes (``library_arm``); None: the encoders as they read."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety import ControllerConfig, Phase, TrustLevel, load_safety_limits
@@ -167,7 +170,35 @@ def build_stack(control_dt_s: float, models_dir: Path | None = None, phase=None)
                               default_phase=Phase.SIM if phase is None else Phase(phase), force_sensor=True)
     limits, fraction = load_safety_limits(), load_slew_fraction()
     slew = slew_delta(limits, control_dt_s, fraction, config.default_phase) if fraction > 0 else None
-    return Stack(Kinematics(urdf, names), limits, Path(path), config, slew)
+    if joint_calibration is not None and not hasattr(joint_calibration, "correct"):
+        from robot_wm.core import joint_calibration as jc
+
+        joint_calibration = jc.load(joint_calibration, names)
+    return Stack(Kinematics(urdf, names), limits, Path(path), config, slew, joint_calibration)
+
+
+class CalibratedArm:
+    """The library arm as its driver publishes it with a joint calibration: ``joint_state`` is
+    corrected (``JointCalibration.correct``), everything else — the true state, the tool, the
+    commands — is the arm's own."""
+
+    def __init__(self, sim, calibration) -> None:
+        self._sim, self._cal = sim, calibration.reordered(sim.joint_names)
+
+    def joint_state(self):
+        js = self._sim.joint_state()
+        return dataclasses.replace(js, position_rad=self._cal.correct(js.position_rad))
+
+    def __getattr__(self, name):
+        return getattr(self._sim, name)
+
+
+def library_arm(profile, seed: int, q0_rad, joint_calibration=None):
+    """An ``ArmSim`` for a library-mode episode, behind its driver's joint calibration if any."""
+    from robot_wm.sim import ArmSim
+
+    sim = ArmSim(profile, seed=seed, q0_rad=q0_rad)
+    return sim if joint_calibration is None else CalibratedArm(sim, joint_calibration)
 
 
 def evaluate_stack(
@@ -181,6 +212,7 @@ def evaluate_stack(
     stack: bool = True,
     progress: bool = False,
     trace: list | None = None,
+    joint_calibration=None,
 ) -> StackEvalReport:
     """Run ``policy`` through the safety filter on the simulator; deterministic for a seed.
 
@@ -197,6 +229,7 @@ def evaluate_stack(
         progress: a tqdm progress bar on stderr.
         trace: a list to append every filter period to (``PeriodTrace``: the inputs the filter got
             and the command it returned), e.g. to replay them through the node.
+        joint_calibration: the driver's joint calibration (a file or ``JointCalibration``; ``build_stack``).
     Raises:
         ProfileError, ModelError: a bad profile or model; PolicyOutputError: a non-finite action.
     """
@@ -214,7 +247,7 @@ def evaluate_stack(
     elif isinstance(task, str):
         task = get_task(task)
     prof = load_profile(profile)
-    built = build_stack(task.control_dt_s, models_dir)
+    built = build_stack(task.control_dt_s, models_dir, joint_calibration=joint_calibration)
     names = tuple(built.kinematics.joint_names)
     wm = WorldModelRunner(built.world_model_path, names, task.control_dt_s) if stack else None
     eps = task.episodes(episodes, seed, description.initial_positions(names))
@@ -273,11 +306,10 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
     ``fault``: (task time s, ``FaultInjector.apply`` keyword arguments) injected into the arm then."""
     from robot_wm.core.safety import JointSample, NominalSample, SafetyController, WrenchSample
     from robot_wm.core.slew import SlewLimiter
-    from robot_wm.sim import ArmSim
 
     dt, kin, cfg = task.control_dt_s, built.kinematics, built.config
     n_j = len(kin.joint_names)
-    sim = ArmSim(profile, seed=eps.sim_seed + i, q0_rad=eps.q0_rad[i])
+    sim = library_arm(profile, eps.sim_seed + i, eps.q0_rad[i], built.joint_calibration)
     sim_steps = int(round(dt / sim.dt_s))
     t = 0.0
     ctrl = slew = None
