@@ -161,13 +161,14 @@ def calibrate(bag_dir: Path, world_model: Path, exceedance: float, task: str, ou
 def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: int, cfg: MixedConfig,
                 adapt_cfg=None, *, ratio: str | None = None, register: bool = False, evaluate: bool = True,
                 progress: bool = True, command: str = "", stop_after_rounds: int | None = None,
-                arm=None) -> dict[str, Any]:
+                arm=None, joint_calibration=None) -> dict[str, Any]:
     """Run (or resume) the loop of the module docstring until ``real_episodes`` real episodes are
     done; returns the report (also ``out/mixed.json``). ``stop_after_rounds``: end after that many
     rounds in this call (the state is kept: a later call resumes). ``arm``: a running stack
     (``robot_wm.learning.mixed_live.LiveArm``; ``profile`` is then the arm's name, its trust
     calibration's) instead of the library-mode simulator; every round's set is then registered and
-    activated, so that the next round's episodes run it."""
+    activated, so that the next round's episodes run it. ``joint_calibration``: library mode, the
+    simulated arm driver's joint calibration (a file; part of the run's settings)."""
     import torch
 
     from robot_wm.core.atomic import write_json
@@ -194,6 +195,13 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
     args = {"task": task, "base": str(base), "profile": prof_name, "ratio": ratio, "config": dataclasses.asdict(cfg)}
     if live:
         args["live"] = True
+    if joint_calibration is not None:
+        if live:
+            raise MixedError("--joint-calibration is for --library: a running stack's driver applies its own "
+                             "(its joint_calibration_file parameter)")
+        joint_calibration = str(Path(joint_calibration).resolve())
+        build_stack(0.01, base, joint_calibration=joint_calibration)  # refused now, not after hours
+        args["joint_calibration"] = joint_calibration
     if state_path.exists():
         state = json.loads(state_path.read_text())
         if state.get("args") != args:
@@ -224,7 +232,7 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             calibration = trust = None  # the graph's trust monitor watches the live episodes
         else:
             if not state["rounds"] and not cal_path.exists():
-                cal_path = _base_calibration(task, prof_name, base, out, cfg, state, progress)
+                cal_path = _base_calibration(task, prof_name, base, out, cfg, state, progress, joint_calibration)
             calibration = calib_io.load(cal_path, _wm_version(current))
             dt = get_task(task).control_dt_s
             trust = ContinuousTrust(build_stack(dt, current).kinematics, calibration, dt)
@@ -246,7 +254,8 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
                 episodes += arm.run_episodes(current, indices, real_dir, r)
             elif indices:
                 episodes += run_real_episodes(task, prof_name, current, calibration, indices, real_dir, cfg,
-                                              round_index=r, trust=trust, progress=progress)
+                                              round_index=r, trust=trust, progress=progress,
+                                              joint_calibration=joint_calibration)
             episodes.sort(key=lambda e: e["index"])
             t_real = time.perf_counter() - round_started
 
@@ -269,7 +278,8 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             if train is None or hold is None:
                 raise MixedError(f"round {r}: too few usable real episodes to train on (training windows: "
                                  f"{0 if train is None else train.n_episodes}, validation: {0 if hold is None else hold.n_episodes}; "
-                                 f"{short} episode(s) ended before {cfg.window_steps} periods)")
+                                 f"{short} episode(s) ended before {cfg.window_steps} periods; this round's: "
+                                 f"{[e.get('ended') or 'ran its length' for e in episodes]})")
             if replay is None:
                 replay = _collect_replay(adapt_cfg.replay_transitions, adapt_cfg.seed + 7, progress)
             wm_cfg = dataclasses.replace(adapt_cfg, seed=adapt_cfg.seed + r)
@@ -319,8 +329,10 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             from robot_wm.learning.adapt import _stack_eval
 
             state["stack"] = {
-                "before": _stack_eval(base, task, prof_name, adapt_cfg.eval_episodes, adapt_cfg.eval_seed),
-                "after": _stack_eval(Path(state["current"]), task, prof_name, adapt_cfg.eval_episodes, adapt_cfg.eval_seed),
+                "before": _stack_eval(base, task, prof_name, adapt_cfg.eval_episodes, adapt_cfg.eval_seed,
+                                      joint_calibration),
+                "after": _stack_eval(Path(state["current"]), task, prof_name, adapt_cfg.eval_episodes, adapt_cfg.eval_seed,
+                                     joint_calibration),
                 "nominal_reference": _stack_eval(base, task, "nominal", adapt_cfg.eval_episodes, adapt_cfg.eval_seed)}
         state["finished"] = finished
         write_json(state_path, json.loads(json.dumps(state, default=_json_default)))
@@ -363,7 +375,8 @@ def _bag_summary(path: Path) -> dict:
     return dict(meta.extra.get("mixed") or {"index": meta.index, "success": meta.success})
 
 
-def _base_calibration(task: str, profile: str, base: Path, out: Path, cfg: MixedConfig, state: dict, progress: bool) -> Path:
+def _base_calibration(task: str, profile: str, base: Path, out: Path, cfg: MixedConfig, state: dict, progress: bool,
+                      joint_calibration=None) -> Path:
     """A trust calibration of the base world model for this arm: the set's, the package's, or one
     made from ``calibration_episodes`` episodes of the base policy without exploration."""
     from robot_wm.core.trust import calibration as calib_io
@@ -382,7 +395,7 @@ def _base_calibration(task: str, profile: str, base: Path, out: Path, cfg: Mixed
     if have < cfg.calibration_episodes:
         run_real_episodes(task, profile, base, _recording_calibration(version),
                           list(range(10_000 + have, 10_000 + cfg.calibration_episodes)), cal_dir, cfg, explore=False,
-                          round_index=0, progress=progress)
+                          round_index=0, progress=progress, joint_calibration=joint_calibration)
     path = out / "calibration" / "trust" / f"{profile}.json"
     calibrate(cal_dir, base / "world_model.onnx", cfg.calibration_exceedance, task, path)
     state["calibration_source"] = f"{cfg.calibration_episodes} episodes of the base set without exploration ({path})"
