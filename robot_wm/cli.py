@@ -69,6 +69,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
     overrides = {"profile": args.profile, **policy_overrides(args.task, "up")}
     if args.realtime_priority:  # SCHED_FIFO for the arm and control processes (robot_wm.realtime)
         overrides["realtime_priority"] = args.realtime_priority
+    if args.joint_calibration:  # the arm driver's (robot_wm.driver): checked now, not when the arm starts
+        from robot_wm import description
+        from robot_wm.core.joint_calibration import JointCalibrationError, load
+
+        try:
+            load(args.joint_calibration, description.joint_limits(description.expand()).names)
+        except JointCalibrationError as exc:
+            print(f"up: --joint-calibration: {exc}", file=sys.stderr)
+            return 2
+        overrides["joint_calibration_file"] = str(Path(args.joint_calibration).resolve())
     specs = plan(args.hardware, overrides=overrides, composed=args.composed, enable=args.enable, task=args.task,
                  trust=not args.no_trust, learn=args.learn)
     stop = threading.Event()
@@ -197,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="mujoco", help="mujoco (default) or example (the driver kit's imaginary arm); other hardware needs `ros2 launch` on a ROS install")
     p.add_argument("--profile", default="nominal", help="embedded arm dynamics profile")
     p.add_argument("--composed", action="store_true", help="policy, world model and safety filter in one process (lowest latency)")
+    p.add_argument("--joint-calibration", default=None, metavar="FILE",
+                   help="the arm's joint calibration (robot-wm calibrate joints), applied by its driver")
     p.add_argument("--task", default="reach", choices=("reach", "track"),
                    help="reach: goals (goal_sequencer); track: reference paths (path_sequencer)")
     p.add_argument("--enable", action="store_true",

@@ -190,3 +190,18 @@ def test_the_driver_publishes_calibrated_positions_and_refuses_a_bad_file(spawn,
     finally:
         client.close()
     assert proc.stop() == 0 and "Traceback" not in proc.output()
+
+
+def test_up_hands_the_file_to_the_arm_driver_and_refuses_a_bad_one_before_starting_anything(tmp_path, capsys):
+    from robot_wm import graph
+    from robot_wm.cli import build_parser
+    from robot_wm.process_group import command_for
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_cal().to_dict(), "joints": {**_cal().to_dict()["joints"],
+                                                              "elbow_joint": {"offset_rad": 0.5}}}))
+    args = build_parser().parse_args(["up", "--joint-calibration", str(bad)])
+    assert args.func(args) == 2 and "elbow_joint=+0.5000 rad" in capsys.readouterr().err
+    path = jc.save(_cal(), tmp_path / "cal.json")
+    arm = next(s for s in graph.plan("mujoco", overrides={"joint_calibration_file": str(path)}) if s.name == "arm_sim")
+    assert f"arm_sim:joint_calibration_file:={path}" in " ".join(command_for(arm))
