@@ -74,9 +74,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
         from robot_wm.core.joint_calibration import JointCalibrationError, load
 
         try:
-            load(args.joint_calibration, description.joint_limits(description.expand()).names)
+            robot = load(args.joint_calibration, description.joint_limits(description.expand()).names).robot
         except JointCalibrationError as exc:
             print(f"up: --joint-calibration: {exc}", file=sys.stderr)
+            return 2
+        if robot and args.hardware == EMBEDDED and robot != Path(args.profile).stem:
+            print(f"up: --joint-calibration {args.joint_calibration} was measured on arm {robot!r}, not the embedded "
+                  f"arm's profile {args.profile!r}", file=sys.stderr)
             return 2
         overrides["joint_calibration_file"] = str(Path(args.joint_calibration).resolve())
     specs = plan(args.hardware, overrides=overrides, composed=args.composed, enable=args.enable, task=args.task,

@@ -266,8 +266,10 @@ class ArmDriver(Node):
         position, velocity, effort = state
         msg = self._state_msg
         msg.header.stamp = stamp
-        if self.joint_calibration is not None:
-            position = self.joint_calibration.correct(position)
+        if self.joint_calibration is not None:  # a position vector of the wrong size is the driver's fault
+            position = self._guarded("read_state", self.joint_calibration.correct, position)
+            if position is None:
+                return
         msg.position = np.asarray(position, dtype=float).tolist()
         msg.velocity = np.asarray(velocity, dtype=float).tolist()
         msg.effort = [] if effort is None else np.asarray(effort, dtype=float).tolist()

@@ -69,6 +69,17 @@ def test_data_that_are_not_joint_offsets_are_refused_naming_why(mangle, words):
     assert words in str(err.value), err.value
 
 
+def test_a_reference_registered_off_the_base_is_refused_but_a_yaw_of_it_is_the_first_joints_offset():
+    """What the fit can and cannot tell from a joint offset (documented in the module and README)."""
+    q, p, _ = _data(np.zeros(6), n=24, ref_std=1e-5)
+    with pytest.raises(JointCalibrationError, match="registered off base_link or its marker off tool0"):
+        fit_joint_offsets(KIN, q, p + [0.0, 0.0, 0.001], reference_std_m=1e-5)  # the tracker 1 mm off in z
+    yaw = 0.003
+    rz = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]])
+    cal = fit_joint_offsets(KIN, q, p @ rz.T, reference_std_m=1e-5)  # the tracker's frame turned about z
+    assert cal.offset_rad[0] == pytest.approx(-yaw, abs=2e-5) and np.allclose(cal.offset_rad[1:5], 0, atol=1e-4)
+
+
 # ---------------------------------------------------------------- the file
 def _cal(offset=(0.001, -0.002, 0.0, 0.0005, 0.0, 0.0)) -> JointCalibration:
     return JointCalibration(JOINTS, np.array(offset), np.full(6, 1e-5), (True,) * 5 + (False,), "worn_heavy", poses=12)
@@ -92,6 +103,13 @@ def test_the_file_round_trips_in_any_joint_order(tmp_path):
     (lambda d: {**d, "joints": {**d["joints"], "elbow_joint": {"offset_rad": "x"}}}, "joint 'elbow_joint' has no numeric"),
     (lambda d: {**d, "joints": {**d["joints"], "elbow_joint": {"offset_rad": 0.3}}}, "elbow_joint=+0.3000 rad"),
     (lambda d: {**d, "joints": {k: v for k, v in d["joints"].items() if k != "wrist_1_joint"}}, "not ["),
+    (lambda d: {**d, "joints": {**d["joints"], "extra_joint": {"offset_rad": 0.0}}}, "not ["),
+    (lambda d: {**d, "joints": {**d["joints"], "elbow_joint": {"offset_rad": 0.0, "observable": "false"}}},
+     "observable 'false' is not true or false"),
+    (lambda d: {**d, "joints": {**d["joints"], "elbow_joint": {"offset_rad": 0.0, "std_rad": -1}}}, "std_rad -1"),
+    (lambda d: {**d, "poses": "x"}, "poses='x'"),
+    (lambda d: {**d, "residual_rms_m": [1]}, "residual_rms_m=[1]"),
+    (lambda d: {**d, "extra": [1, 2]}, "extra an object"),
 ])
 def test_every_flaw_of_a_calibration_file_is_named(tmp_path, write, words):
     path = tmp_path / "cal.json"
@@ -139,7 +157,8 @@ def test_calibrate_joints_on_the_worn_arm_finds_its_offsets_and_writes_a_file_th
     # 3 mm of tool error before, a tenth of a millimetre after
     assert doc["extra"]["tool_error_uncalibrated_m_median"] > 2e-3 and doc["extra"]["tool_error_left_m_max"] < 2e-4
     # the worn wrist sags under the heavy tool at some poses: those are skipped, named, and spares taken
-    assert doc["poses"] == 10 and all("not at rest" in s for s in doc["extra"]["skipped"])
+    skipped = doc["extra"]["skipped"]
+    assert doc["poses"] == 10 and skipped and all("not at rest" in s for s in skipped), skipped
     assert build_stack(0.01, joint_calibration=out).joint_calibration.robot == "worn_heavy"
 
     # the integrator's path: the same measurements as a CSV give the same offsets
@@ -157,13 +176,15 @@ def test_calibrate_joints_on_the_worn_arm_finds_its_offsets_and_writes_a_file_th
     assert code.value.code == 2 and "header lacks columns" in capsys.readouterr().err
 
 
-def test_a_stack_evaluation_refuses_a_bad_calibration_file_before_it_runs(tmp_path):
-    from robot_wm.learning.stack_eval import build_stack
+def test_a_stack_evaluation_refuses_a_bad_calibration_file_before_it_runs_and_another_arms(tmp_path):
+    from robot_wm.learning.stack_eval import build_stack, library_arm
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**_cal().to_dict(), "joints": {"elbow_joint": {"offset_rad": 0.0}}}))
     with pytest.raises(JointCalibrationError, match="bad.json: is for joints"):
         build_stack(0.01, joint_calibration=bad)
+    with pytest.raises(JointCalibrationError, match="of arm 'worn_heavy' on the arm 'real_twin'"):
+        library_arm("real_twin", 0, HOME, _cal())
 
 
 # ---------------------------------------------------------------- the driver kit
@@ -192,7 +213,8 @@ def test_the_driver_publishes_calibrated_positions_and_refuses_a_bad_file(spawn,
     assert proc.stop() == 0 and "Traceback" not in proc.output()
 
 
-def test_up_hands_the_file_to_the_arm_driver_and_refuses_a_bad_one_before_starting_anything(tmp_path, capsys):
+def test_up_hands_the_file_to_the_arm_driver_and_refuses_a_bad_one_before_starting_anything(tmp_path, capsys,
+                                                                                              monkeypatch):
     from robot_wm import graph
     from robot_wm.cli import build_parser
     from robot_wm.process_group import command_for
@@ -203,5 +225,23 @@ def test_up_hands_the_file_to_the_arm_driver_and_refuses_a_bad_one_before_starti
     args = build_parser().parse_args(["up", "--joint-calibration", str(bad)])
     assert args.func(args) == 2 and "elbow_joint=+0.5000 rad" in capsys.readouterr().err
     path = jc.save(_cal(), tmp_path / "cal.json")
-    arm = next(s for s in graph.plan("mujoco", overrides={"joint_calibration_file": str(path)}) if s.name == "arm_sim")
+    args = build_parser().parse_args(["up", "--profile", "real_twin", "--joint-calibration", str(path)])
+    assert args.func(args) == 2 and "measured on arm 'worn_heavy', not the embedded arm's profile" in capsys.readouterr().err
+
+    seen = {}
+
+    class Planned(Exception):
+        pass
+
+    def plan(*a, overrides=None, **kw):  # what up would start, caught before anything starts
+        seen.update(overrides)
+        raise Planned
+
+    monkeypatch.setattr(graph, "plan", plan)
+    with pytest.raises(Planned):
+        args = build_parser().parse_args(["up", "--profile", "worn_heavy", "--joint-calibration", str(path)])
+        args.func(args)
+    assert seen["joint_calibration_file"] == str(path.resolve()) and seen["profile"] == "worn_heavy"
+    monkeypatch.undo()
+    arm = next(s for s in graph.plan("mujoco", overrides=seen) if s.name == "arm_sim")
     assert f"arm_sim:joint_calibration_file:={path}" in " ".join(command_for(arm))

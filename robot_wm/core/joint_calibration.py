@@ -19,10 +19,17 @@ whose offset does not move the measured point (the last wrist joint when the poi
 axis) is reported ``observable = False`` — it does not matter for positioning the tool either.
 The posterior standard deviation of each offset comes from the same normal equations.
 
+What the reference cannot tell apart from an offset: a rotation of its own frame about the base's
+z axis is exactly an offset of the first joint, and is absorbed into it. The reference's
+registration to base_link must therefore come from outside this arm's encoders (base-mounted
+targets, the cell's survey); a translation of it or a marker off the tool point leaves a
+residual the fit refuses once it exceeds ``RESIDUAL_FACTOR`` times the reference's noise.
+
 ``JointCalibration.correct`` is what the driver applies before it publishes ``/joint_states``
-(``robot_wm.driver``'s ``joint_calibration_file``, as ros2_control's SimpleTransmission applies
-its ``joint_offset``), so every node downstream sees the calibrated angles; library mode applies
-it at the same place (``robot_wm.learning.stack_eval``).
+(``robot_wm.driver``'s ``joint_calibration_file``; in ros2_control terms a SimpleTransmission
+``joint_offset`` of **minus** ``offset_rad``, since it computes joint = actuator + joint_offset),
+so every node downstream sees the calibrated angles; library mode applies it at the same place
+(``robot_wm.learning.stack_eval``).
 """
 from __future__ import annotations
 
@@ -37,6 +44,10 @@ import numpy as np
 MAX_OFFSET_RAD = 0.1
 #: The posterior std must be below this fraction of the prior's for a joint to count as seen.
 OBSERVABLE_RATIO = 0.5
+#: The fit is refused when its RMS residual exceeds this many times the reference's 3-D noise
+#: (and at least RESIDUAL_FLOOR_M): a frame or marker error, another arm, a pose taken moving.
+RESIDUAL_FACTOR = 5.0
+RESIDUAL_FLOOR_M = 5e-5
 FORMAT = "robot_wm/joint_calibration/1"
 
 
@@ -81,7 +92,11 @@ class JointCalibration:
 
     def correct(self, q_measured_rad: np.ndarray) -> np.ndarray:
         """The calibrated joint angles: ``q_measured - offset`` (joint order of ``joint_names``)."""
-        return np.asarray(q_measured_rad, dtype=float) - self.offset_rad
+        q = np.asarray(q_measured_rad, dtype=float)
+        if q.shape != self.offset_rad.shape:
+            raise JointCalibrationError(f"joint calibration: positions of shape {q.shape}, expected "
+                                        f"{self.offset_rad.shape} for joints {list(self.joint_names)}")
+        return q - self.offset_rad
 
     def reordered(self, joint_names) -> JointCalibration:
         """The same calibration in another joint order; every joint must be there."""
@@ -101,6 +116,10 @@ class JointCalibration:
                 **({"extra": self.extra} if self.extra else {})}
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _r(x: float, digits: int = 6) -> float | None:
     return None if not math.isfinite(float(x)) else round(float(x), digits)
 
@@ -115,19 +134,30 @@ def from_dict(doc, joint_names=None, *, where: str = "joint calibration") -> Joi
         raise JointCalibrationError(f"{where}: 'joints' must map each joint name to its offset")
     names, off, std, obs = [], [], [], []
     for name, entry in joints.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("offset_rad"), (int, float)) \
-                or isinstance(entry.get("offset_rad"), bool):
+        if not isinstance(entry, dict) or not _is_number(entry.get("offset_rad")):
             raise JointCalibrationError(f"{where}: joint {name!r} has no numeric offset_rad")
+        s, ob = entry.get("std_rad"), entry.get("observable", True)
+        if s is not None and not (_is_number(s) and (s >= 0 or math.isnan(s))):
+            raise JointCalibrationError(f"{where}: joint {name!r}: std_rad {s!r} is not a number >= 0")
+        if not isinstance(ob, bool):
+            raise JointCalibrationError(f"{where}: joint {name!r}: observable {ob!r} is not true or false")
         names.append(str(name))
         off.append(float(entry["offset_rad"]))
-        s = entry.get("std_rad")
-        std.append(float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else math.nan)
-        obs.append(bool(entry.get("observable", True)))
-    res = doc.get("residual_rms_m") or {}
+        std.append(math.nan if s is None else float(s))
+        obs.append(ob)
+    res = doc.get("residual_rms_m", {})
+    res = {} if res is None else res
+    fields = {"poses": doc.get("poses", 0), "before": res.get("before") if isinstance(res, dict) else res,
+              "after": res.get("after") if isinstance(res, dict) else res}
+    if not isinstance(res, dict) or not all(v is None or _is_number(v) for v in fields.values()) \
+            or not isinstance(doc.get("extra", {}), dict):
+        raise JointCalibrationError(f"{where}: poses, residual_rms_m.before/after must be numbers and extra an object "
+                                    f"(got poses={fields['poses']!r}, residual_rms_m={res!r})")
     try:
         cal = JointCalibration(tuple(names), np.array(off), np.array(std), tuple(obs), str(doc.get("robot", "")),
-                               str(doc.get("frame", "tool0")), int(doc.get("poses", 0)),
-                               float(res.get("before") or math.nan), float(res.get("after") or math.nan),
+                               str(doc.get("frame", "tool0")), int(fields["poses"] or 0),
+                               math.nan if fields["before"] is None else float(fields["before"]),
+                               math.nan if fields["after"] is None else float(fields["after"]),
                                str(doc.get("source", "")), dict(doc.get("extra") or {}))
     except JointCalibrationError as exc:
         raise JointCalibrationError(f"{where}: {str(exc).removeprefix('joint calibration: ')}") from None
@@ -155,7 +185,7 @@ def save(cal: JointCalibration, path) -> Path:
     """Write ``cal`` atomically (a crash leaves the old file or the new one)."""
     from robot_wm.core.atomic import write_json
 
-    return write_json(Path(path), cal.to_dict())
+    return write_json(Path(path), cal.to_dict(), mode=0o644)
 
 
 def fit_joint_offsets(kin, q_measured_rad, p_reference_m, *, reference_std_m: float = 1e-4,
@@ -184,8 +214,9 @@ def fit_joint_offsets(kin, q_measured_rad, p_reference_m, *, reference_std_m: fl
     if not (np.all(np.isfinite(q)) and np.all(np.isfinite(p))):
         rows = sorted(set(np.flatnonzero(~np.isfinite(q).all(1) | ~np.isfinite(p).all(1)).tolist()))
         raise JointCalibrationError(f"calibration data: non-finite values in poses {rows}")
-    if not (reference_std_m > 0 and prior_std_rad > 0):
-        raise JointCalibrationError("reference_std_m and prior_std_rad must be > 0")
+    if not (reference_std_m > 0 and prior_std_rad > 0 and iterations >= 1):
+        raise JointCalibrationError(f"reference_std_m ({reference_std_m}) and prior_std_rad ({prior_std_rad}) must be "
+                                    f"> 0 and iterations ({iterations}) >= 1")
 
     def residuals(delta):
         return np.concatenate([kin.tool_position_m(qi - delta) - pi for qi, pi in zip(q, p)])
@@ -201,15 +232,21 @@ def fit_joint_offsets(kin, q_measured_rad, p_reference_m, *, reference_std_m: fl
         step, delta = np.max(np.abs(new - delta)), new
         if step < 1e-9:
             break
+    else:
+        raise JointCalibrationError(f"calibration fit did not converge in {iterations} iterations (last step "
+                                    f"{step:.2e} rad): the poses are too close together or the data inconsistent")
     after = residuals(delta)
-    cov = np.linalg.inv(h)
-    std = np.sqrt(np.diag(cov))
     rms_before = float(np.sqrt(np.mean(before.reshape(-1, 3) ** 2) * 3))
     rms_after = float(np.sqrt(np.mean(after.reshape(-1, 3) ** 2) * 3))
-    if rms_after > 10 * reference_std_m * math.sqrt(3) + 1e-4:
+    limit = max(RESIDUAL_FACTOR * reference_std_m * math.sqrt(3), RESIDUAL_FLOOR_M)
+    if rms_after > limit:
         raise JointCalibrationError(
-            f"calibration fit leaves a {rms_after * 1e3:.2f} mm RMS residual ({len(q)} poses, reference noise "
-            f"{reference_std_m * 1e3:.3g} mm): the data do not fit joint offsets alone — a reference in another frame, "
-            "another arm, or poses taken while moving")
+            f"calibration fit leaves a {rms_after * 1e3:.3f} mm RMS residual, above {limit * 1e3:.3f} mm ({len(q)} poses, "
+            f"reference noise {reference_std_m * 1e3:.3g} mm): the data do not fit joint offsets alone — the reference "
+            "registered off base_link or its marker off tool0, another arm, or poses taken while moving")
+    # the stated noise may be optimistic: scale the covariance by the reduced chi-square when it is above 1
+    dof = max(after.size - int(np.sum(np.linalg.eigvalsh(a.T @ a) > 1e-9 * np.trace(a.T @ a))), 1)
+    cov = np.linalg.inv(h) * max(1.0, float(after @ after) / reference_std_m ** 2 / dof)
+    std = np.sqrt(np.diag(cov))
     return JointCalibration(tuple(kin.joint_names), delta, std, tuple(std < OBSERVABLE_RATIO * prior_std_rad),
                             robot, kin.model.frames[kin.tool_frame_id].name, len(q), rms_before, rms_after, source)

@@ -351,8 +351,11 @@ def _non_negative_int(text: str) -> int:
 
 def _run_reports(args, policies, profile, task, task_obj, models_dir, reports, fail) -> int | None:
     """Evaluate each policy into ``reports``; a non-None return is the command's exit status."""
+    from robot_wm.core.joint_calibration import JointCalibrationError
     from robot_wm.core.onnx_model import ModelError
 
+    if getattr(args, "joint_calibration", None) and not args.stack:
+        return fail("--joint-calibration is for --stack: the arm's driver applies it inside the stack's loop")
     for key, pol in policies.items():
         if pol is None:
             reports[key] = None
@@ -368,7 +371,7 @@ def _run_reports(args, policies, profile, task, task_obj, models_dir, reports, f
                 reports[key] = evaluate(pol, profile, args.episodes, args.seed, task=task, progress=not args.no_progress)
         except PolicyOutputError as exc:
             return fail(f"{key} failed during evaluation: {exc}", 1)
-        except (ModelError, RuntimeError, ValueError) as exc:  # JointCalibrationError is a ValueError
+        except (ModelError, RuntimeError, JointCalibrationError) as exc:
             return fail(f"{key}: the stack could not run: {exc}")
         print(f"eval{' --stack' if args.stack else ''}: {reports[key].policy}: {args.episodes} episodes on "
               f"{profile.name} in {reports[key].wall_s:.1f} s", file=sys.stderr)

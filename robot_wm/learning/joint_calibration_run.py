@@ -35,6 +35,7 @@ MOVE_SPEED_RADPS = 0.3  # ... and its speed cap per joint: a slow commissioning 
 MOVE_TIMEOUT_S = 12.0
 SETTLE_S = 1.0  # zero command this long after the move ...
 SAMPLE_S = 0.3  # ... then average the joints and the tracker this long
+SAMPLES = 30  # (SAMPLE_S at the 100 Hz control period)
 REST_SPEED_RADPS = 2e-3  # every joint drifts slower than this while sampling, or the pose is skipped
 POSE_SPAN_RAD = 0.7  # poses: home ± this per joint, inside 85 % of the joint range
 TABLE_MARGIN_M = 0.10
@@ -95,15 +96,17 @@ def measure_library(profile, poses: int = 24, seed: int = 0, tracker_std_m: floa
     t = 0.0
 
     def period(nominal: np.ndarray):
+        """One filter period; returns the joint state it ran on and the tool's true position then
+        (read together: what the encoders and the tracker saw at the same instant)."""
         nonlocal t
-        js = sim.joint_state()
+        js, tool = sim.joint_state(), sim.tool_position_m()
         force, _ = sim.wrench()
         res = ctrl.step(t, joint=JointSample(js.position_rad, js.velocity_radps, t),
                         nominal=NominalSample(nominal, t), wrench=WrenchSample(force, t, cfg.ft_frame))
         sim.set_command(res.u_safe_radps)
         sim.step(sim_steps)
         t += dt
-        return js
+        return js, tool
 
     zero = np.zeros(len(names))
     for _ in range(int(round((cfg.tare_window_s + START_SETTLE_S) / dt)) + 5):  # latched at start: tare, enable
@@ -119,17 +122,17 @@ def measure_library(profile, poses: int = 24, seed: int = 0, tracker_std_m: floa
             if len(qs) == poses:
                 break
             for _ in range(int(MOVE_TIMEOUT_S / dt)):
-                js = sim.joint_state()
-                err = target - js.position_rad
+                err = target - sim.joint_state().position_rad
                 if np.max(np.abs(err)) < 2e-3:
                     break
                 period(np.clip(MOVE_GAIN * err, -MOVE_SPEED_RADPS, MOVE_SPEED_RADPS))
             for _ in range(int(SETTLE_S / dt)):
                 period(zero)
             q_acc, p_acc = [], []
-            for _ in range(int(SAMPLE_S / dt)):
-                q_acc.append(period(zero).position_rad)
-                p_acc.append(sim.tool_position_m() + rng.normal(0.0, tracker_std_m, 3))
+            for _ in range(SAMPLES):
+                js, tool = period(zero)
+                q_acc.append(js.position_rad)
+                p_acc.append(tool + rng.normal(0.0, tracker_std_m, 3))
             # at rest: the drift between the window's halves (their means: free of the encoders' noise)
             half = len(q_acc) // 2
             fast = float(np.max(np.abs(np.mean(q_acc[half:], axis=0) - np.mean(q_acc[:half], axis=0)))) / (half * dt)
@@ -168,6 +171,8 @@ def read_csv(path: Path, joint_names) -> Measurements:
             rows = list(csv.reader(f))
     except OSError as exc:
         raise JointCalibrationError(f"measurements {path}: {exc.strerror or exc}") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise JointCalibrationError(f"measurements {path}: not a CSV text file ({exc})") from None
     if not rows:
         raise JointCalibrationError(f"measurements {path}: empty file")
     header = [h.strip() for h in rows[0]]
@@ -181,9 +186,12 @@ def read_csv(path: Path, joint_names) -> Measurements:
         if not any(cell.strip() for cell in row):
             continue
         try:
-            data.append([float(row[c]) for c in cols])
+            values = [float(row[c]) for c in cols]
         except (ValueError, IndexError):
             raise JointCalibrationError(f"measurements {path}, line {i}: expected {len(cols)} numbers, got {row}") from None
+        if not all(np.isfinite(values)):
+            raise JointCalibrationError(f"measurements {path}, line {i}: non-finite value in {row}")
+        data.append(values)
     a = np.array(data, dtype=float).reshape(-1, len(cols))
     return Measurements(names, a[:, :len(names)], a[:, len(names):], [], f"measurements {path.name}")
 
@@ -202,14 +210,17 @@ def run(args) -> int:
         if args.library:
             prof = load_profile(args.profile)
             m = measure_library(prof, args.poses, args.seed, args.tracker_noise_mm * 1e-3, progress=not args.json)
+            if len(m.q_rad) < args.poses:
+                raise RuntimeError(f"measured {len(m.q_rad)} of {args.poses} poses ({'; '.join(m.skipped)}): not "
+                                   "calibrating on fewer than asked")
             truth, robot = np.asarray(prof.encoder_offset_rad, dtype=float), prof.name
-            ref_std = args.tracker_noise_mm * 1e-3 / math.sqrt(SAMPLE_S / 0.01)
+            ref_std = args.tracker_noise_mm * 1e-3 / math.sqrt(SAMPLES)  # each pose: the mean of SAMPLES readings
         else:
             m = read_csv(args.measurements, kin.joint_names)
             robot, ref_std = args.robot, args.tracker_noise_mm * 1e-3
         if args.save_measurements:
             write_csv(m, args.save_measurements)
-        cal = fit_joint_offsets(kin, m.q_rad, m.p_m, reference_std_m=max(ref_std, 1e-5), robot=robot, source=m.source)
+        cal = fit_joint_offsets(kin, m.q_rad, m.p_m, reference_std_m=ref_std, robot=robot, source=m.source)
     except (JointCalibrationError, ProfileError, RuntimeError, OSError) as exc:
         print(f"calibrate joints: {exc}", file=sys.stderr)
         return 2
@@ -223,7 +234,11 @@ def run(args) -> int:
                       "tool_error_uncalibrated_m_median": round(float(np.median(
                           [np.linalg.norm(kin.tool_position_m(q) - kin.tool_position_m(q - truth)) for q in m.q_rad])), 7)})
     cal = dataclasses.replace(cal, extra=extra)
-    out = save(cal, args.out)
+    try:
+        out = save(cal, args.out)
+    except OSError as exc:
+        print(f"calibrate joints: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     doc = {"out": str(out), **cal.to_dict()}
     if not args.json:
         for j, o, s, ob in zip(cal.joint_names, cal.offset_rad, cal.std_rad, cal.observable):
@@ -240,6 +255,30 @@ def run(args) -> int:
     return 0
 
 
+def _at_least_3(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"{text}: expected an integer >= 3 (better 12 or more)")
+    return value
+
+
+def _positive(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text}: expected a noise > 0 mm")
+    return value
+
+
 def add_parser(verbs) -> None:
     p = verbs.add_parser("calibrate", help="calibrations of the arm itself against an outside reference")
     sub = p.add_subparsers(dest="what", required=True)
@@ -248,9 +287,9 @@ def add_parser(verbs) -> None:
     src.add_argument("--library", action="store_true", help="measure on the library-mode arm with a simulated tracker")
     src.add_argument("--measurements", type=Path, help="CSV of rest poses: joint-name columns (rad) and x, y, z (m)")
     q.add_argument("--profile", default="real_twin", help="library mode: the arm's dynamics profile (name or YAML)")
-    q.add_argument("--poses", type=int, default=24, help="library mode: rest poses to measure (default 24)")
+    q.add_argument("--poses", type=_at_least_3, default=24, help="library mode: rest poses to measure (default 24)")
     q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--tracker-noise-mm", type=float, default=0.05,
+    q.add_argument("--tracker-noise-mm", type=_positive, default=0.05,
                    help="the reference's noise per axis and sample, mm (library: simulated; CSV: per row)")
     q.add_argument("--robot", default="", help="CSV: the arm's name recorded in the file")
     q.add_argument("--save-measurements", type=Path, help="also write the measurements as CSV")

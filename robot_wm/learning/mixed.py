@@ -200,8 +200,11 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             raise MixedError("--joint-calibration is for --library: a running stack's driver applies its own "
                              "(its joint_calibration_file parameter)")
         joint_calibration = str(Path(joint_calibration).resolve())
-        build_stack(0.01, base, joint_calibration=joint_calibration)  # refused now, not after hours
-        args["joint_calibration"] = joint_calibration
+        jcal = build_stack(0.01, base, joint_calibration=joint_calibration).joint_calibration  # refused now, not after hours
+        if jcal.robot and jcal.robot != prof_name:
+            raise MixedError(f"--joint-calibration {joint_calibration} was measured on arm {jcal.robot!r}, not {prof_name!r}")
+        # the file and what it held: a resume with another file, or this one changed, is another run
+        args["joint_calibration"] = {"file": joint_calibration, "offset_rad": jcal.offset_rad.tolist()}
     if state_path.exists():
         state = json.loads(state_path.read_text())
         if state.get("args") != args:

@@ -194,10 +194,16 @@ class CalibratedArm:
 
 
 def library_arm(profile, seed: int, q0_rad, joint_calibration=None):
-    """An ``ArmSim`` for a library-mode episode, behind its driver's joint calibration if any."""
+    """An ``ArmSim`` for a library-mode episode, behind its driver's joint calibration if any
+    (refused, naming both, when the calibration was made on another arm)."""
+    from robot_wm.core.joint_calibration import JointCalibrationError
     from robot_wm.sim import ArmSim
 
     sim = ArmSim(profile, seed=seed, q0_rad=q0_rad)
+    robot = getattr(joint_calibration, "robot", "")
+    if robot and robot != sim.profile.name:
+        raise JointCalibrationError(f"joint calibration of arm {robot!r} on the arm {sim.profile.name!r}: a "
+                                    "calibration belongs to the arm it was measured on")
     return sim if joint_calibration is None else CalibratedArm(sim, joint_calibration)
 
 

@@ -128,8 +128,8 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     from robot_wm.core.slew import SlewLimiter, trust_scales
     from robot_wm.core.tasks import get_task
     from robot_wm.core.world_model_runner import WorldModelRunner
-    from robot_wm.learning.stack_eval import build_stack
-    from robot_wm.sim import ArmSim, load_profile
+    from robot_wm.learning.stack_eval import build_stack, library_arm
+    from robot_wm.sim import load_profile
 
     task = get_task("reach")
     dt = task.control_dt_s
@@ -138,7 +138,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     names = tuple(kin.joint_names)
     q0 = description.initial_positions(names)
     rng = np.random.default_rng(seed)
-    sim = ArmSim(load_profile(profile), seed=seed, q0_rad=q0)
+    sim = library_arm(load_profile(profile), seed, q0, built.joint_calibration)  # behind the stack's driver
     sim_steps = int(round(dt / sim.dt_s))
     filt_wm = WorldModelRunner(built.world_model_path, names, dt)
     wm = WorldModelRunner(built.world_model_path, names, dt, analytic=False)  # predicts only
