@@ -2,6 +2,7 @@
 
     ros2 launch robot_wm bringup.launch.py hardware:=mock|gazebo|mujoco|topic_based|<plugin> \
         [hardware_params:="ip=10.0.0.2;port=50002"] [profile:=nominal|real_twin|<file.yaml>] [enable:=true]
+        [joint_calibration_file:=<robot-wm calibrate joints output>]
 
 The safety filter starts latched (zero command) until an operator enables it (`robot-wm reset`, or
 `ros2 service call /robot_wm/reset_estop std_srvs/srv/Trigger`); ``enable:=true`` lets it enable
@@ -63,6 +64,12 @@ def _nodes(context):
     if realtime:  # SCHED_FIFO for the arm and control processes (robot_wm.realtime)
         overrides["realtime_priority"] = realtime
     log = launch.logging.get_logger("robot_wm.bringup")
+    joint_calibration = LaunchConfiguration("joint_calibration_file").perform(context)
+    if joint_calibration and hardware in graph.PYTHON_ARMS:  # a robot_wm driver applies it (robot_wm.driver)
+        overrides["joint_calibration_file"] = joint_calibration
+    elif joint_calibration:
+        log.warning(f"joint_calibration_file is applied by robot_wm's Python drivers; for the ros2_control arm "
+                    f"{hardware!r} set each joint's transmission joint_offset to minus its offset_rad instead")
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
                            enable=enable, task=task, trust=trust, learn=learn, installed=_installed, warn=log.warning):
         params = [str(p) for p in spec.param_files]
@@ -102,6 +109,8 @@ def generate_launch_description():
                               description="extra plugin parameters, 'name=value;name2=value2'"),
         DeclareLaunchArgument("profile", default_value="nominal",
                               description="embedded arm dynamics profile (hardware:=mujoco only)"),
+        DeclareLaunchArgument("joint_calibration_file", default_value="",
+                              description="encoder offsets the arm's robot_wm driver subtracts (robot-wm calibrate joints)"),
         DeclareLaunchArgument("composed", default_value="false",
                               description="run policy, world model and safety filter in one process"),
         DeclareLaunchArgument("enable", default_value="false",
