@@ -245,3 +245,22 @@ def test_up_hands_the_file_to_the_arm_driver_and_refuses_a_bad_one_before_starti
     monkeypatch.undo()
     arm = next(s for s in graph.plan("mujoco", overrides=seen) if s.name == "arm_sim")
     assert f"arm_sim:joint_calibration_file:={path}" in " ".join(command_for(arm))
+
+
+def test_demonstrations_recorded_behind_the_calibration_carry_the_true_angles_and_say_so(tmp_path):
+    from robot_wm import bags
+    from robot_wm.core.tasks import get_task
+    from robot_wm.learning.demos import record_library
+    from robot_wm.sim import load_profile
+
+    prof = load_profile("worn_heavy")
+    cal = jc.save(JointCalibration(JOINTS, np.array(prof.encoder_offset_rad), np.zeros(6), (True,) * 6, "worn_heavy"),
+                  tmp_path / "cal.json")
+    (raw,) = record_library("reach", "worn_heavy", 1, tmp_path / "raw", progress=False)
+    (fixed,) = record_library("reach", "worn_heavy", 1, tmp_path / "fixed", progress=False, joint_calibration=cal)
+    q0 = get_task("reach").episodes(1, 0, HOME).q0_rad[0]  # the arm starts at rest there (true angles)
+    first = {p: bags.read_episode(p).q_rad[0] for p in (raw, fixed)}
+    assert np.max(np.abs(first[raw] - q0 - prof.encoder_offset_rad)) < 1e-3  # the encoders as they read
+    assert np.max(np.abs(first[fixed] - q0)) < 1e-3
+    assert bags.read_meta(fixed).extra["joint_calibration"]["shoulder_pan_joint"] == pytest.approx(0.005)
+    assert "joint_calibration" not in bags.read_meta(raw).extra
