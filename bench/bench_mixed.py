@@ -3,7 +3,7 @@ of real episodes, per arm profile, and what ``train mixed`` costs on this machin
 
     python bench/bench_mixed.py [--profiles real_twin worn_heavy] [--checkpoints 10 25 50]
                                 [--base models/track] [--real-per-round 5] [--eval-episodes 32]
-                                [--exploration-std 0] [--joint-calibration FILE]
+                                [--exploration-std 0] [--joint-calibration FILE] [--seed 0]
                                 [--out out/bench_mixed] [--json]
 
 Per profile: one ``train mixed --library`` run (config/training.yaml ``mixed`` and ``adapt``;
@@ -17,7 +17,9 @@ filter's intervention rate and violations in the real episodes, wall-clock and C
 directory that exists is resumed (``train mixed`` resumes). Prints a table and, last, one JSON
 object; writes ``<out>/learning_curve.{json,png}``. ``--joint-calibration``: the arm driver's
 joint calibration (``robot-wm calibrate joints``) on the profiles' arms, in the real episodes and
-their evaluations (the nominal reference has no encoder offsets to calibrate).
+their evaluations (the nominal reference has no encoder offsets to calibrate). ``--seed``: the
+real episodes' paths and exploration noise (``mixed.seed``) and the training's seeds (``adapt.seed``)
+— another run of the same loop; the evaluation paths stay the same.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def main() -> int:
     ap.add_argument("--exploration-std", type=float, default=None, help="ablation: 0 = no exploration")
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--joint-calibration", default=None, help="the driver's joint calibration on the profiles' arms")
+    ap.add_argument("--seed", type=int, default=None, help="the run's seed (mixed.seed and adapt.seed)")
     ap.add_argument("--out", default=str(REPO / "out" / "bench_mixed"))
     ap.add_argument("--json", action="store_true", help="only the JSON line")
     args = ap.parse_args()
@@ -58,13 +61,16 @@ def main() -> int:
     if args.exploration_std is not None:
         cfg = dataclasses.replace(cfg, exploration_std=args.exploration_std)
     acfg = load_section(config_path("training.yaml"), "adapt", AdaptConfig)
+    if args.seed is not None:
+        cfg, acfg = dataclasses.replace(cfg, seed=args.seed), dataclasses.replace(acfg, seed=args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = Path(args.base).resolve()
     n_eval, seed = args.eval_episodes, acfg.eval_seed
     result = {"base": str(base), "eval_episodes": n_eval, "eval_seed": seed, "ratio": cfg.ratio,
               "exploration_std": cfg.exploration_std,
-              "real_per_round": cfg.real_per_round, "joint_calibration": args.joint_calibration, "profiles": {}}
+              "real_per_round": cfg.real_per_round, "joint_calibration": args.joint_calibration, "seed": cfg.seed,
+              "profiles": {}}
     jcal = args.joint_calibration
     t0 = time.perf_counter()
     result["nominal_reference"] = _stack_eval(base, "track", "nominal", n_eval, seed)
