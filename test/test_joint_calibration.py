@@ -264,3 +264,20 @@ def test_demonstrations_recorded_behind_the_calibration_carry_the_true_angles_an
     assert np.max(np.abs(first[fixed] - q0)) < 1e-3
     assert bags.read_meta(fixed).extra["joint_calibration"]["shoulder_pan_joint"] == pytest.approx(0.005)
     assert "joint_calibration" not in bags.read_meta(raw).extra
+
+
+def test_adapt_evaluates_behind_the_calibration_its_demos_were_recorded_through_or_refuses(tmp_path):
+    from types import SimpleNamespace
+
+    from robot_wm.learning.adapt import AdaptError, _check_demo_calibration
+
+    cal = _cal()
+    note = {j: round(float(o), 7) for j, o in zip(cal.joint_names, cal.offset_rad)}
+    calibrated = SimpleNamespace(library=True, extra={"joint_calibration": note}, robot="worn_heavy", index=3)
+    plain = SimpleNamespace(library=True, extra={}, robot="worn_heavy", index=4)
+    _check_demo_calibration([calibrated], jc.save(cal, tmp_path / "cal.json"))  # the same: fine
+    _check_demo_calibration([plain], None)
+    with pytest.raises(AdaptError, match="demo worn_heavy #4 was recorded behind joint calibration None"):
+        _check_demo_calibration([calibrated, plain], cal)
+    with pytest.raises(AdaptError, match="demo worn_heavy #3 .* would run behind None"):
+        _check_demo_calibration([calibrated], None)

@@ -325,6 +325,8 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
     try:
         base, out = Path(base), Path(out)
         data, metas, shas = load_demos(demos, task=task)
+        if evaluate and cfg.eval_episodes > 0:
+            _check_demo_calibration(metas, joint_calibration)
         train, hold, test = split_episodes(data, cfg, demos)
         robots = sorted(set(data.profiles))
         base_wm = world_model_from_onnx(base / "world_model.onnx")
@@ -417,6 +419,23 @@ def adapt(task: str, demos: Path, base: Path, out: Path, cfg: AdaptConfig = Adap
         raise
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _check_demo_calibration(metas, joint_calibration) -> None:
+    """The stack evaluation runs behind the joint calibration the demos were recorded through
+    (``extra.joint_calibration`` of library bags): refused, naming both, when it is another."""
+    from robot_wm.core import joint_calibration as jc
+
+    given = None
+    if joint_calibration is not None:
+        cal = joint_calibration if hasattr(joint_calibration, "offset_rad") else jc.load(joint_calibration)
+        given = {j: round(float(o), 7) for j, o in zip(cal.joint_names, cal.offset_rad)}
+    for meta in metas:
+        recorded = (meta.extra or {}).get("joint_calibration")
+        if meta.library and recorded != given and (recorded or given):
+            raise AdaptError(f"demo {meta.robot} #{meta.index} was recorded behind joint calibration {recorded}, the "
+                             f"evaluation would run behind {given}: pass the --joint-calibration the demos were recorded "
+                             "with (or none)")
 
 
 def split_episodes(data: Dataset, cfg: AdaptConfig, where) -> tuple[Dataset, Dataset, Dataset]:
