@@ -113,7 +113,8 @@ def test_launch_file_builds_its_nodes_from_the_graph_plan():
     assert "graph.plan" in calls and "rosenv.loopback_env" in calls
     args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
-    assert args == {"hardware", "hardware_params", "profile", "composed", "enable", "task", "trust", "realtime_priority", "learn"}
+    assert args == {"hardware", "hardware_params", "profile", "composed", "enable", "task", "trust", "realtime_priority", "learn",
+                    "joint_calibration_file"}
 
 
 def test_controllers_yaml_matches_the_description():
