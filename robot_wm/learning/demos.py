@@ -298,11 +298,16 @@ def episode_arrays(ep: bags.Episode, steps: int, dt_s: float, max_gap_s: float =
     q = np.stack([np.interp(gf, tsf, ep.q_rad[:, j]) for j in range(ep.q_rad.shape[1])], -1)
     qd = np.stack([np.interp(gf, tsf, ep.qdot_radps[:, j]) for j in range(ep.q_rad.shape[1])], -1)
     ct = ep.command_t_ns
-    if ct.size == 0 or ct[0] >= grid[1]:
-        raise BagError(f"{where}: no command sent in the episode's first control period")
-    # the command in force during period k: the last one received before t_k+1 (at t_k itself counts)
+    if ct.size == 0:
+        raise BagError(f"{where}: no command sent in the episode")
+    if ct[0] > grid[0] + max_gap_s * 1e9:
+        raise BagError(f"{where}: no command in the episode's first {(ct[0] - grid[0]) * 1e-9:.3f} s "
+                       f"(max {max_gap_s * 1e3:.0f} ms)")
+    # the command in force during period k: the last one received before t_k+1 (at t_k itself counts);
+    # before the bag's first command (the filter began publishing with the episode, as after its
+    # enable) none was in force: the driver holds the arm, a zero command
     last = np.searchsorted(ct, grid[1:], side="left") - 1
-    action = ep.command_radps[last]
+    action = np.where((last >= 0)[:, None], ep.command_radps[np.maximum(last, 0)], 0.0)
     return q, qd, action
 
 
