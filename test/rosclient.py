@@ -75,6 +75,19 @@ class ArmClient:
         with self.lock:
             return [s for s in self.states if s[0] >= t0]
 
+    def stamped_between(self, t0_wall: float, t1_wall: float, wait_s: float = 5.0) -> list:
+        """The joint states the arm stamped within [t0_wall, t1_wall] (time.time()), after waiting up to
+        ``wait_s`` for one stamped past ``t1_wall`` (so the window is complete however late delivery is):
+        a window judged by the arm's clock, not by when this loaded machine handed the messages over."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            latest = self.latest()
+            if latest is not None and latest[5] > t1_wall:
+                break
+            time.sleep(0.01)
+        with self.lock:
+            return [s for s in self.states if t0_wall <= s[5] <= t1_wall]
+
     def rest_after(self, t_wall: float, tol_radps: float = 0.01) -> float | None:
         """Seconds from ``t_wall`` (time.time()) to the arm's rest, judged by the joint states' own
         stamps: the stamp of the first state after ``t_wall`` from which every state received so far

@@ -48,11 +48,14 @@ def test_commanded_velocity_moves_the_joint_and_timeout_stops_it(arm):
     q0 = client.latest()[1]
     command = np.array([0.3, 0.0, 0.0, 0.0, 0.0, -0.4])
     t0 = time.monotonic()
+    t0_wall = time.time()
     client.command_for(command, 1.0)
     t_last_wall = time.time()  # the last command was published before this
-    moving = client.states_since(t0 + 0.3)
-    v_mean = np.mean([s[2] for s in moving], axis=0)
-    np.testing.assert_allclose(v_mean, command, atol=0.03)  # steady-state tracking within 0.03 rad/s
+    # steady-state tracking within 0.03 rad/s, over what the arm stamped from 0.3 s after the first command
+    # to the last (the median: a command held up on a loaded machine lets the driver's timeout dip it)
+    moving = client.stamped_between(t0_wall + 0.3, t_last_wall)
+    assert len(moving) > 50, f"only {len(moving)} joint states stamped in the 0.7 s window"
+    np.testing.assert_allclose(np.median([s[2] for s in moving], axis=0), command, atol=0.03)
     # the driver stops by itself: no command for 50 ms -> decelerate to rest, judged by the arm's stamps from
     # its last state still at the commanded speed (free of this machine's delivery delays); from the last
     # command published, the same plus that command's delivery (generous: a loaded 2-core machine)
