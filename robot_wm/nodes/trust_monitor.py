@@ -70,8 +70,8 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
             "tau_s": list(declare(self, "tau_s", list(d.tau_s), "EWMA time constants (s) of prediction_error, "
                                   "disagreement, intervention, effort_error", read_only=True)),
             **{name: declare(self, name, float(getattr(d, name)), doc, read_only=True) for name, doc in (
-                ("effort_tau_s", "per-joint smoothing of the signed effort z-scores (s)"),
-                ("effort_clip_z", "clip on each joint's effort z-score before that smoothing"),
+                ("effort_tau_s", "per-joint smoothing of the signed effort z-scores (s), for the next calibration"),
+                ("effort_clip_z", "clip on each joint's effort z-score before that smoothing, for the next calibration"),
                 ("min_duration_s", "a signal over its threshold this long counts (s)"),
                 ("slow_ratio", "one signal at this multiple of its threshold -> SLOW"),
                 ("clean_hold_s", "better evidence this long -> one level up (s)"),
@@ -123,7 +123,9 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         self._operate_t: float | None = None
         self._request_pub = None
         self._phase_problem = None  # the phase file could not be read or written: STOP with this reason
-        self._compute_us: collections.deque = collections.deque(maxlen=2000)  # (cpu, wall) µs per period
+        # (cpu, wall) µs per period: the measurement and the prediction(s) handed to the tracker since the last one
+        self._compute_us: collections.deque = collections.deque(maxlen=2000)
+        self._prediction_us = (0.0, 0.0)
         self.tracker = None
         self.calibration = None
         self._recording = None  # calibrate_s > 0: what normal operation looked like (trust_eval.RunRecorder)
@@ -300,9 +302,13 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
             return
         if self.problem and self.problem.startswith("trust calibration is for"):
             self.problem = None
+        started, cpu = time.perf_counter(), time.thread_time()
         mean = np.concatenate(arrays[:2])
         self.tracker.prediction(stamp_to_s(msg.header.stamp), mean, np.concatenate(arrays[2:4]),
                                 np.concatenate(arrays[4:6]))
+        # counted with the next period's measurement: a prediction a period is the monitor's work too
+        self._prediction_us = (self._prediction_us[0] + (time.thread_time() - cpu) * 1e6,
+                               self._prediction_us[1] + (time.perf_counter() - started) * 1e6)
 
     def _on_shadow(self, msg: WorldModelPrediction) -> None:
         """The replaced world model's prediction for the same period (after a swap): the rollback's reference."""
@@ -449,7 +455,9 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
             self._rollback.update(sample[0], self._model_version, self.tracker.last_velocity_error, sample[2])
         # the monitor's own work per period: CPU time of this thread (what the period costs the machine),
         # and wall time (with whatever preempted it on a loaded machine)
-        self._compute_us.append(((time.thread_time() - cpu) * 1e6, (time.perf_counter() - started) * 1e6))
+        pred_cpu, pred_wall = self._prediction_us
+        self._prediction_us = (0.0, 0.0)
+        self._compute_us.append(((time.thread_time() - cpu) * 1e6 + pred_cpu, (time.perf_counter() - started) * 1e6 + pred_wall))
         if self._recording is not None:
             self._record(sample[0], effort)
             return
