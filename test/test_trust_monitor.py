@@ -33,41 +33,68 @@ def _kin():
 # ------------------------------------------------------------------------------- effort model
 def test_effort_fit_recovers_the_coefficients_and_scores_a_load_as_a_bias():
     rng = np.random.default_rng(0)
-    t, n = 2000, 6
-    g, v, a = rng.normal(0, 20, (t, n)), rng.normal(0, 0.5, (t, n)), rng.normal(0, 2, (t, n))
-    feats = features(g, v, a)
+    t, n = 5000, 6
+    g, m, v, a = rng.normal(0, 20, (t, n)), rng.normal(0, 5, (t, n)), rng.normal(0, 0.5, (t, n)), rng.normal(0, 2, (t, n))
+    feats = features(g, m, v, a)
     true = rng.normal(0, 1, (n, len(FEATURES)))
     tau = np.einsum("tjf,jf->tj", feats, true) + rng.normal(0, 0.3, (t, n))
-    model = EffortModel.fit(feats, tau)
+    model = EffortModel.fit(feats, tau, tau_s=0.05, clip_z=4.0)
     assert np.allclose(model.coefficients, true, atol=0.05)
     assert np.allclose(model.residual_std_nm, 0.3, rtol=0.1)
-    signal = EffortSignal(model, tau_s=0.05)
-    quiet = [signal.update(feats[i], tau[i], DT) for i in range(200)]
-    loaded = [signal.update(feats[i], tau[i] + np.array([0, 2.0, 2.0, 0, 0, 0]), DT) for i in range(200, 260)]
-    assert max(quiet) < 1.0 < 2.0 < min(loaded[20:])
-    # a single wild sample moves the smoothed signal by at most alpha * clip (clip_z 4)
+    # each joint's scale: its smoothed bias's normal quantile (z-scores of std 1: EWMA spread ~0.3)
+    model = model.calibrated(feats[:1000], tau[:1000], DT, 1e-3)
+    assert np.all((model.joint_scale > 0.5) & (model.joint_scale < 2.0))
+    signal = EffortSignal(model)
+    quiet = [signal.update(feats[i], tau[i], DT) for i in range(1000, 1400)]
+    # a load on ONE joint (the largest scaled bias over the joints: not averaged away over six)
+    loaded = [signal.update(feats[i], tau[i] + np.array([0, 0, 1.5, 0, 0, 0]), DT) for i in range(1400, 1460)]
+    assert max(quiet) < 1.5 < 2.5 < min(loaded[20:])
+    # a single wild sample moves the smoothed signal by at most alpha * clip / scale
     signal.reset()
     spike = signal.update(feats[0], tau[0] + 1e3, DT)
-    assert spike <= (1 - math.exp(-DT / 0.05)) * 4.0 + 1e-9
+    assert spike <= (1 - math.exp(-DT / 0.05)) * 4.0 / model.joint_scale.min() + 1e-9
+
+
+def test_the_coupled_inertial_torques_are_pinocchios_rnea():
+    import pinocchio as pin
+
+    kin = _kin()
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        q, v, a = rng.uniform(-2, 2, 6), rng.normal(0, 1, 6), rng.normal(0, 3, 6)
+        g, inertial = kin.inverse_dynamics_nm(q, v, a)
+        np.testing.assert_allclose(g, kin.gravity_torque_nm(q), atol=1e-9)
+        # M(q) a + C(q, v) v, with M from pinocchio's CRBA: the two routes agree
+        pq = kin._q(q)
+        mass = pin.crba(kin.model, kin.data, pq)
+        mass = np.triu(mass) + np.triu(mass, 1).T
+        pv, pa = np.empty(6), np.empty(6)
+        pv[kin._perm], pa[kin._perm] = v, a
+        coriolis = pin.rnea(kin.model, kin.data, pq, pv, np.zeros(6)) - pin.computeGeneralizedGravity(kin.model, kin.data, pq)
+        np.testing.assert_allclose(inertial, (mass @ pa + coriolis)[kin._perm], atol=1e-8)
 
 
 @pytest.mark.parametrize("mutate,words", [
-    (lambda d: d.update(features=["gravity"]), "features"),
+    (lambda d: d.update(features=["gravity", "acceleration", "velocity", "coulomb", "bias"]),
+     "made with features ['gravity', 'acceleration', 'velocity', 'coulomb', 'bias'], this code uses"),
     (lambda d: d.update(coulomb_velocity_radps=0.5), "coulomb_velocity_radps"),
-    (lambda d: d.update(coefficients=[[1.0] * 5] * 5), "residual_std_nm (6,)"),
+    (lambda d: d.update(coefficients=[[1.0] * 6] * 5), "residual_std_nm (6,)"),
     (lambda d: d.update(residual_std_nm=[0.0] * 6), "non-positive residual std"),
     (lambda d: d.pop("coefficients"), "unreadable"),
+    (lambda d: d.pop("joint_scale"), "unreadable"),
+    (lambda d: d.update(joint_scale=[1.0, 1.0, 0.0, 1.0, 1.0, 1.0]), "joint_scale [1.0, 1.0, 0.0"),
+    (lambda d: d.update(tau_s=-1.0), "tau_s=-1.0"),
 ])
 def test_a_bad_effort_model_is_refused_naming_the_field(mutate, words):
-    doc = EffortModel(np.ones((6, 5)), np.ones(6)).to_dict()
+    doc = EffortModel(np.ones((6, len(FEATURES))), np.ones(6)).to_dict()
     mutate(doc)
-    with pytest.raises(EffortModelError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(EffortModelError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         EffortModel.from_dict(doc, 6)
 
 
 def test_too_little_normal_operation_for_an_effort_fit_is_refused():
     with pytest.raises(EffortModelError, match="need at least 50"):
-        EffortModel.fit(np.ones((10, 6, 5)), np.ones((10, 6)))
+        EffortModel.fit(np.ones((10, 6, len(FEATURES))), np.ones((10, 6)))
 
 
 # ------------------------------------------------------------------------------- tracker
@@ -111,7 +138,7 @@ def test_interventions_count_only_at_full():
 
 # ------------------------------------------------------------------------------- calibration files
 def test_a_calibration_with_an_effort_model_round_trips_and_is_checked(tmp_path):
-    effort = EffortModel(np.ones((6, 5)), np.ones(6)).to_dict()
+    effort = EffortModel(np.ones((6, len(FEATURES))), np.ones(6)).to_dict()
     cal = _cal(effort)
     path = calib_io.save(cal, tmp_path / "trust" / "nominal.json")
     back = calib_io.load(path, "wm-test")

@@ -66,6 +66,16 @@ class Kinematics:
         pin.updateFramePlacement(self.model, self.data, frame_id)
         return pin.getFrameClassicalAcceleration(self.model, self.data, frame_id, pin.LOCAL_WORLD_ALIGNED).linear.copy()
 
+    def inverse_dynamics_nm(self, q_rad: np.ndarray, v_radps: np.ndarray, a_radps2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return (gravity torques g(q), coupled inertial torques M(q) a + C(q, v) v) of the URDF's arm
+        (N·m, joint order): pinocchio's recursive Newton-Euler, the whole rigid-body model."""
+        q = self._q(q_rad)
+        v, a = np.empty(self.model.nv), np.empty(self.model.nv)
+        v[self._perm], a[self._perm] = v_radps, a_radps2
+        g = pin.computeGeneralizedGravity(self.model, self.data, q)[self._perm]
+        total = pin.rnea(self.model, self.data, q, v, a)[self._perm]
+        return g.copy(), total - g
+
     def gravity_torque_nm(self, q_rad: np.ndarray) -> np.ndarray:
         """Return the joint torques that hold the URDF's arm against gravity at ``q_rad`` (N·m, joint order)."""
         return pin.computeGeneralizedGravity(self.model, self.data, self._q(q_rad))[self._perm].copy()

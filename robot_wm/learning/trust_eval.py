@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from robot_wm.core.trust import Calibration, EffortModel, TrustConfig, TrustMonitor, calibrate
-from robot_wm.core.trust.effort import EffortSignal
+from robot_wm.core.trust.effort import FEATURES, EffortSignal
 from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Ewma, Signal
 from robot_wm.core.trust.tracker import TrustTracker
 
@@ -62,7 +62,7 @@ class Run:
     level: np.ndarray  # (T,) TrustLevel values
     fault_t_s: float | None = None
     wall_s: float = 0.0
-    monitor_us: list[float] = field(default_factory=list)
+    monitor_us: list[float] = field(default_factory=list)  # per period: the tracker's measurement + prediction, µs
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, new level, reason)
     commands: list = field(default_factory=list)
     #: RMS over the joints of (predicted - measured) qdot, rad/s, of the prediction made a period before (NaN: none)
@@ -91,13 +91,13 @@ class RunRecorder:
         self.t.append(t_s)
         self.raw.append([math.nan if tracker.raw.get(s.value) is None else tracker.raw[s.value] for s in SIGNALS])
         f = tracker.last_features
-        self.features.append(np.full((self.n, 5), np.nan) if f is None else f)
+        self.features.append(np.full((self.n, len(FEATURES)), np.nan) if f is None else f)
         self.effort.append(np.zeros(self.n) if effort_nm is None else np.asarray(effort_nm, dtype=float))
 
     def run(self, profile: str) -> Run:
         raw = np.asarray(self.raw, dtype=float).reshape(len(self.t), len(SIGNALS))
         return Run(profile, np.asarray(self.t), {s.value: raw[:, i] for i, s in enumerate(SIGNALS)},
-                   np.asarray(self.features).reshape(len(self.t), self.n, 5),
+                   np.asarray(self.features).reshape(len(self.t), self.n, len(FEATURES)),
                    np.asarray(self.effort).reshape(len(self.t), self.n), np.zeros(len(self.t), int))
 
 
@@ -153,7 +153,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     n, n_j = int(round(seconds / dt)), len(names)
     t_arr, level = np.zeros(n), np.zeros(n, int)
     raw = {s.value: np.full(n, np.nan) for s in SIGNALS}
-    feats, efforts = np.full((n, n_j, 5), np.nan), np.zeros((n, n_j))
+    feats, efforts = np.full((n, n_j, len(FEATURES)), np.nan), np.zeros((n, n_j))
     run = Run(profile, t_arr, raw, feats, efforts, level, None if fault is None else float(fault[1]))
     goal, goal_t, inside_t, reached_t, enabled = rng.uniform(box_lo, box_hi), 0.0, None, None, False
     intervened, last_level, effort_mean = None, None, None
@@ -210,7 +210,9 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                 run.velocity_error[k] = float(np.sqrt(np.mean((last_pred - qd) ** 2)))
             pred = wm.predict(q, qd, command)
             last_pred = pred.next_qdot_radps
+            t0 = time.perf_counter()
             tracker.prediction(t, pred.next_state, pred.epistemic_std, pred.aleatoric_std)
+            run.monitor_us[-1] += (time.perf_counter() - t0) * 1e6  # the monitor's work of the period, both calls
             swap = on_period(t, q, qd, command) if on_period is not None else None
             if swap is not None:  # the nodes' hot swap: new runners, the committed histories carried over
                 new_filt, new_wm = WorldModelRunner(swap, names, dt), WorldModelRunner(swap, names, dt, analytic=False)
@@ -255,8 +257,10 @@ def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config:
     idx = np.flatnonzero(keep)
     fit, held = idx[: len(idx) // 2], idx[len(idx) // 2:]
     ok = fit[np.all(np.isfinite(run.features[fit]), axis=(1, 2))]
-    effort = EffortModel.fit(run.features[ok], run.effort_nm[ok])
-    signal = EffortSignal(effort, config.effort_tau_s, config.effort_clip_z)
+    effort = EffortModel.fit(run.features[ok], run.effort_nm[ok], config.effort_tau_s, config.effort_clip_z)
+    # each joint's scale from the fit half too (its smoothed bias in normal operation, in order)
+    effort = effort.calibrated(run.features[ok], run.effort_nm[ok], dt_s, exceedance)
+    signal = EffortSignal(effort)
     eff = np.full(len(run.t_s), np.nan)
     for i in held:
         if np.all(np.isfinite(run.features[i])):

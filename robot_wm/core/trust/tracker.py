@@ -28,6 +28,9 @@ from robot_wm.core.trust.effort import EffortModel, EffortSignal, features
 from robot_wm.core.trust.monitor import TrustMonitor, TrustOutput
 from robot_wm.core.trust.signals import Signal, disagreement, prediction_error
 
+_PE, _DIS, _INT, _EFF = (sig.value for sig in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION,
+                                               Signal.EFFORT))
+
 
 class TrustTracker:
     """See the module docstring.
@@ -49,12 +52,13 @@ class TrustTracker:
         cal_effort = monitor.calibration.effort_model
         self.effort_model = effort_model if effort_model is not None else (
             EffortModel.from_dict(cal_effort, len(kinematics.joint_names)) if cal_effort is not None else None)
-        self.effort = EffortSignal(self.effort_model, monitor.config.effort_tau_s,
-                                   monitor.config.effort_clip_z) if self.effort_model else None
+        # the signal the model was calibrated with (its smoothing, clip and joint scales; the config's
+        # effort_tau_s / effort_clip_z are what the next calibration uses)
+        self.effort = EffortSignal(self.effort_model) if self.effort_model else None
         self._pending: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
         self._prev: tuple[float, np.ndarray] | None = None  # (stamp, qdot) of the previous measurement
         self.raw: dict[str, float | None] = {}
-        self._last_state: tuple | None = None  # (gravity, q̇, q̈) of the last measurement with efforts
+        self._last_state: tuple | None = None  # (gravity, inertial, q̇, q̈) of the last measurement with efforts
 
     @property
     def last_features(self) -> np.ndarray | None:
@@ -64,10 +68,13 @@ class TrustTracker:
     def prediction(self, made_at_s: float, next_state: np.ndarray, epistemic_std: np.ndarray,
                    aleatoric_std: np.ndarray) -> None:
         """A prediction made from the state stamped ``made_at_s``, for one period later."""
-        arrays = [np.asarray(a, dtype=float) for a in (next_state, epistemic_std, aleatoric_std)]
-        if not all(a.shape == arrays[0].shape and np.all(np.isfinite(a)) for a in arrays):
+        mean, epi, ale = (np.asarray(a, dtype=float) for a in (next_state, epistemic_std, aleatoric_std))
+        # one finiteness check for the three: a sum of squares (one C call each; a NaN or an infinity makes
+        # it not finite, and so does a value too large to square, as in measurement)
+        if mean.shape != epi.shape or mean.shape != ale.shape or not math.isfinite(
+                float(mean @ mean) + float(epi @ epi) + float(ale @ ale)):
             return  # a malformed prediction is no prediction (the node reports it)
-        self._pending.append((float(made_at_s) + self.dt_s, *arrays))
+        self._pending.append((float(made_at_s) + self.dt_s, mean, epi, ale))
         del self._pending[:-8]
 
     def next_target_s(self) -> float | None:
@@ -95,7 +102,7 @@ class TrustTracker:
         the momentum balance of the whole interval, which does not depend on where in a command
         period the joint states happen to be sampled."""
         q, qd = np.asarray(q_rad, dtype=float), np.asarray(qdot_radps, dtype=float)
-        finite = math.isfinite(float(q.sum()) + float(qd.sum()))  # one check (an overflow counts as not finite)
+        finite = math.isfinite(float(q @ q) + float(qd @ qd))  # one check (an overflow counts as not finite)
         pred = self._prediction_for(t_s)
         pe = dis = eff = None
         self.last_velocity_error: float | None = None  # RMS of predicted - measured qdot, rad/s (this period)
@@ -115,15 +122,14 @@ class TrustTracker:
             t_prev, qd_prev = self._prev
             step = t_s - t_prev
             tau = np.asarray(effort_nm, dtype=float)
-            if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and finite and math.isfinite(float(tau.sum())):
-                self._last_state = (self.kin.gravity_torque_nm(q), qd, (qd - qd_prev) / step)
+            if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and finite and math.isfinite(float(tau @ tau)):
+                qdd = (qd - qd_prev) / step
+                self._last_state = (*self.kin.inverse_dynamics_nm(q, qd, qdd), qd, qdd)
                 if self.effort is not None:
                     eff = self.effort.update_state(*self._last_state, tau, step)
         if finite:
             self._prev = (float(t_s), qd.copy())
-        self.raw = {Signal.PREDICTION_ERROR.value: pe, Signal.DISAGREEMENT.value: dis,
-                    Signal.INTERVENTION.value: None if intervened is None else float(bool(intervened)),
-                    Signal.EFFORT.value: eff}
+        self.raw = {_PE: pe, _DIS: dis, _INT: None if intervened is None else float(bool(intervened)), _EFF: eff}
         return self.monitor.step(t_s, prediction_error=pe, disagreement=dis, intervened=intervened, effort_error=eff)
 
 
