@@ -347,6 +347,30 @@ def test_the_cli_refuses_a_missing_arm_and_a_missing_profile(tmp_path):
         assert proc.returncode == 2 and text in proc.stderr, proc.stderr
 
 
+def test_a_round_without_enough_usable_episodes_trains_nothing_and_the_next_trains_on_them_too(tmp_path, monkeypatch):
+    """Fault injection: round 1's episodes all count as too short (as when interventions end them
+    early on a loaded machine): the round records them and keeps the set in force, it does not end
+    the run; round 2 trains on both rounds' episodes."""
+    from robot_wm.learning import mixed
+
+    calls = []
+    real_long_enough = mixed._long_enough
+
+    def first_round_unusable(paths, window):
+        calls.append(len(paths))
+        return [] if len(calls) == 1 else real_long_enough(paths, window)
+
+    monkeypatch.setattr(mixed, "_long_enough", first_round_unusable)
+    report = train_mixed("track", TRACK, tmp_path / "run", "real_twin", 6, TINY, TINY_ADAPT, progress=False, evaluate=False)
+    first, second = report["rounds"]
+    assert "too few usable real episodes" in first["skipped"] and first["world_model"] is None
+    assert first["set"] == str(TRACK.resolve()) and not first["policy"]["accepted"]
+    assert first["real_episodes"] == 3 and calls == [3, 6]
+    assert "skipped" not in second and second["world_model"]["training_windows"] + second["world_model"]["validation_windows"] > 0
+    assert report["finished"] and report["real_episodes_done"] == 6
+    assert len(bags.list_bags(tmp_path / "run" / "real")[0]) == 6
+
+
 def test_a_short_run_improves_a_deliberately_mismatched_policy(tmp_path):
     """The shipped tracking policy with its last layer knocked off (noise on its weights): six real
     episodes on the real twin and sixty imagination episodes later, the stack tracks new paths

@@ -58,16 +58,22 @@ def test_a_live_round_explores_in_mixed_records_its_episodes_and_swaps_its_set_i
     out = tmp_path / "run"
     try:
         base = default_base("track")
-        report = train_mixed("track", base, out, "nominal", 3, TINY, TINY_ADAPT, progress=False, arm=arm)
-        new_set = report["rounds"][0]["registry"]["version"]
-        new_wm = report["rounds"][0]["world_model"]
+        report = train_mixed("track", base, out, "nominal", 6, TINY, TINY_ADAPT, progress=False, arm=arm, stop_after_rounds=1)
+        if report["rounds"][-1].get("skipped"):  # interventions (a loaded machine: the filter's solver out of time)
+            # ended round 1's episodes early, too few to train on: the run goes on, the next round trains on all
+            report = train_mixed("track", base, out, "nominal", 6, TINY, TINY_ADAPT, progress=False, arm=arm,
+                                 stop_after_rounds=1)
+        trained = report["rounds"][-1]
+        assert "skipped" not in trained, trained["skipped"]
+        new_set = trained["registry"]["version"]
+        new_wm = trained["world_model"]
         assert registry.active("track").version == new_set, "the round's set is the active one"
         # the running world_model node predicts with the round's world model; the policy node said it swapped
         active = registry.active("track")
         from robot_wm.core.onnx_model import read_sidecar
 
         assert arm.wm_version == read_sidecar(active.world_model_path)["version"], new_wm
-        if report["rounds"][0]["policy"]["accepted"]:
+        if trained["policy"]["accepted"]:
             assert any(read_sidecar(active.policy_path)["version"] in line for line in arm.swapped), arm.swapped
         # the node refuses exploration settings that break the rule, naming them (and keeps its own)
         arm.cfg = types.SimpleNamespace(exploration_tau_s=0.2, uncertainty_low_radps=0.05, uncertainty_high_radps=0.02)
@@ -83,11 +89,11 @@ def test_a_live_round_explores_in_mixed_records_its_episodes_and_swaps_its_set_i
         spinner.join(timeout=3.0)
         witness.destroy_node()
     real = sorted((out / "real").iterdir())
-    assert len(real) == 3
+    assert len(real) == 3 * len(report["rounds"])
     for path in real:
         meta = bags.read_meta(path)
         m = meta.extra["mixed"]
-        assert meta.extra["phase"] == "MIXED" and not meta.library and m["round"] == 1
+        assert meta.extra["phase"] == "MIXED" and not meta.library and m["round"] in (1, len(report["rounds"]))
         assert m["exploration"]["enabled"] and m["exploration"]["std_fraction"] == TINY.exploration_std
         assert m["violations"] == {"joint_limit": 0, "tool_speed": 0, "workspace": 0}
         if m["ended"] is None:  # an episode that ran its course: the sequencer's length, the filter watched it

@@ -18,7 +18,9 @@ imagination. ``adapt`` fixes the world model once from demonstrations; this loop
 2. **The world model** is fine-tuned from the current one on every real episode so far (cut into
    windows of ``window_steps`` periods, so an episode that ended early is used too) plus simulator
    replay, early-stopped and its variances recalibrated on the validation episodes (every fifth
-   one, fixed for the run: never trained on), as ``adapt`` does.
+   one, fixed for the run: never trained on), as ``adapt`` does. A round whose usable episodes do
+   not give both yet (interventions ended them early) trains nothing (``skipped`` says why); the
+   next round trains on them too.
 3. **The trust calibration** of the new world model is made from the real bags (conformal
    quantiles at ``calibration_exceedance``: with a few minutes of data it cannot rest on
    config/trust.yaml's 1e-4, which needs five; a larger exceedance gives lower thresholds, more
@@ -272,17 +274,25 @@ def train_mixed(task: str, base: Path, out: Path, profile: str, real_episodes: i
             short = len(all_bags) - len(usable) + bad_train + bad_hold
             # every round starts from the set in force as exported (read back from its graphs, checked):
             # what the real episodes ran is what goes on training, and a resumed run is the same run
+            if train is None or hold is None:  # collected, not trained: the next round trains on these too
+                why = (f"too few usable real episodes to train on (training windows: {0 if train is None else train.n_episodes}, "
+                       f"validation: {0 if hold is None else hold.n_episodes}; {short} episode(s) ended before "
+                       f"{cfg.window_steps} periods; this round's: {[e.get('ended') or 'ran its length' for e in episodes]})")
+                if progress:
+                    print(f"round {r}: {why}: the set in force stays, the next round trains on them too", flush=True)
+                row = _round_row(r, episodes, state["real_episodes_done"] + n, None, None, False, 0, current, t_real, 0.0,
+                                 time.perf_counter() - round_started, time.process_time() - round_cpu, short, 0, 0)
+                state["rounds"].append(dict(row, skipped=why))
+                state["real_episodes_done"] += n
+                write_json(state_path, json.loads(json.dumps(state, default=_json_default)))
+                done_rounds += 1
+                continue
             wm0 = world_model_from_onnx(current / "world_model.onnx")
             actor0, pcfg, _ = policy_from_onnx(current / "policy.onnx", task)
             round_dir = rounds_dir / f"r{r:03d}"
             if round_dir.exists():
                 shutil.rmtree(round_dir)  # a round killed before it was recorded in the state
             round_dir.mkdir(parents=True)
-            if train is None or hold is None:
-                raise MixedError(f"round {r}: too few usable real episodes to train on (training windows: "
-                                 f"{0 if train is None else train.n_episodes}, validation: {0 if hold is None else hold.n_episodes}; "
-                                 f"{short} episode(s) ended before {cfg.window_steps} periods; this round's: "
-                                 f"{[e.get('ended') or 'ran its length' for e in episodes]})")
             if replay is None:
                 replay = _collect_replay(adapt_cfg.replay_transitions, adapt_cfg.seed + 7, progress)
             wm_cfg = dataclasses.replace(adapt_cfg, seed=adapt_cfg.seed + r)
@@ -497,10 +507,10 @@ def _round_row(r, episodes, done, wm_report, pol, accepted, iters, round_dir, t_
         "exploration_off_share": _r(np.mean([e["exploration"]["share_off"] for e in episodes
                                              if e.get("exploration", {}).get("share_off") is not None] or [np.nan])),
         "episodes": episodes,
-        "world_model": {"holdout_nll_before": _r(wm_report.initial_holdout_nll),
-                        "holdout_nll_after": _r(float(np.mean(wm_report.best_holdout_nll))),
-                        "epochs": wm_report.epochs_run, "variance_scale": wm_report.variance_scale,
-                        "training_windows": n_train, "validation_windows": n_hold, "episodes_too_short": short},
+        "world_model": None if wm_report is None else {  # None: a round that collected and did not train
+            "holdout_nll_before": _r(wm_report.initial_holdout_nll), "holdout_nll_after": _r(float(np.mean(wm_report.best_holdout_nll))),
+            "epochs": wm_report.epochs_run, "variance_scale": wm_report.variance_scale,
+            "training_windows": n_train, "validation_windows": n_hold, "episodes_too_short": short},
         "policy": {"imagination_episodes": iters, "accepted": bool(accepted),
                    "validation_start_m": _r(pol.validation[0][1]) if pol and pol.validation else None,
                    "validation_best_m": _r(min(s for _, s in pol.validation)) if pol and pol.validation else None},
