@@ -8,9 +8,9 @@ second ``WorldModelRunner`` predicting from each state and the command actually 
 world_model node), and the ``TrustTracker`` (the trust_monitor node). Hours of operation take
 minutes, which is what a false-alarm rate per hour needs.
 
-``calibrate_run`` turns a normal run into a ``Calibration``: the effort model is fit on the first
-half, every signal is smoothed as the monitor smooths it, and the thresholds are the conformal
-quantiles of the second half (split conformal: the quantiled data was not fit on).
+``calibrate_run`` turns a normal run into a ``Calibration``: the effort model and its joint scales
+are fit on the first half, every signal is smoothed as the monitor smooths it, and the thresholds
+are the conformal quantiles of the second half (split conformal: the quantiled data was not fit on).
 
 ``detection`` injects one fault per trial at a random time and measures, in control periods, when
 the level first leaves FULL; ``false_alarms`` counts level drops in normal operation.
