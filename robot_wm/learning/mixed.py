@@ -508,7 +508,8 @@ def _round_row(r, episodes, done, wm_report, pol, accepted, iters, round_dir, t_
                                              if e.get("exploration", {}).get("share_off") is not None] or [np.nan])),
         "episodes": episodes,
         "world_model": None if wm_report is None else {  # None: a round that collected and did not train
-            "holdout_nll_before": _r(wm_report.initial_holdout_nll), "holdout_nll_after": _r(float(np.mean(wm_report.best_holdout_nll))),
+            "holdout_nll_before": _r(wm_report.initial_holdout_nll),
+            "holdout_nll_after": _r(float(np.mean(wm_report.best_holdout_nll))),
             "epochs": wm_report.epochs_run, "variance_scale": wm_report.variance_scale,
             "training_windows": n_train, "validation_windows": n_hold, "episodes_too_short": short},
         "policy": {"imagination_episodes": iters, "accepted": bool(accepted),

@@ -177,10 +177,12 @@ def _print(r: dict[str, Any], png: Path) -> None:
               f"{row['ended_by_trust']} by trust, filter {100 * (row['filter_intervention_rate'] or 0):.1f} %, violations "
               f"{row['violations']}, exploration scale {row['exploration_scale_mean']}; "
               + (f"not trained: {row['skipped']}" if row.get("skipped") else
-                 f"world model NLL {row['world_model']['holdout_nll_before']:.2f} -> {row['world_model']['holdout_nll_after']:.2f}; "
+                 f"world model NLL {row['world_model']['holdout_nll_before']:.2f} -> "
+                 f"{row['world_model']['holdout_nll_after']:.2f}; "
                  f"policy {'accepted' if p['accepted'] else 'kept'} ({p['imagination_episodes']} imagination episodes, "
                  f"validation {p['validation_start_m']} -> {p['validation_best_m']} m)")
-              + f"; {row['seconds']['total']:.0f} s" + (f"; registered {row['registry']['version']}" if "registry" in row else ""))
+              + f"; {row['seconds']['total']:.0f} s"
+              + (f"; registered {row['registry']['version']}" if "registry" in row else ""))
     s = r.get("summary") or {}
     print(f"  in all: success {s.get('success_rate')}, interventions {s.get('interventions_per_100')} and trust drops "
           f"{s.get('trust_drops_per_100')} per 100 real episodes, violations {s.get('violations')}")
