@@ -188,7 +188,7 @@ class EffortSignal:
     def update(self, feats: np.ndarray, effort_nm: np.ndarray, dt_s: float, per_joint: bool = False):
         """Add one period's efforts (``dt_s`` since the previous); return the signal (``per_joint``:
         the joints' smoothed z-scores instead, unscaled)."""
-        value = self._add(np.array(self.model.z(feats, effort_nm), dtype=float), dt_s)
+        value = self._add(self.model.z(feats, effort_nm), dt_s)  # z is a fresh array: clipped in place
         return self._mean if per_joint else value
 
     def update_state(self, gravity_nm: np.ndarray, inertial_nm: np.ndarray, qdot_radps: np.ndarray,
