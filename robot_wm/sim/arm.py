@@ -33,6 +33,15 @@ from robot_wm.sim.model import PAYLOAD_RADIUS_M, TIMESTEP_S, ArmModel, build_mod
 from robot_wm.sim.profiles import DynamicsProfile, load_profile
 
 
+#: The drive reports its torque averaged over this many 1 ms physics steps: the embedded arm's
+#: joint-state rate (500 Hz), so that samples at that rate tile time and their mean over a control
+#: period is the torque that period's motion took. A stiff velocity loop (nominal shoulder: kv =
+#: 2000 N·m·s/rad) acts in a one-step impulse at each command change and rings back within three:
+#: instantaneous samples every 2 ms read that as tens of N·m of the wrong sign (a real drive
+#: reports its current filtered over its own cycle).
+EFFORT_WINDOW_STEPS = 2
+
+
 class CommandRejected(ValueError):
     """A velocity command was malformed; the arm stops instead of executing it."""
 
@@ -135,6 +144,10 @@ class ArmSim:
         self._force_bias = np.asarray(p.force_bias_n)
         self._torque_bias = np.asarray(p.torque_bias_nm)
         self._base_payload_kg = p.payload_kg
+        # what the velocity loop's torque is judged against when reported (see _applied_effort)
+        self._kv = np.asarray(p.velocity_gain_nms, dtype=float)
+        self._vel_force_max = self.model.actuator_forcerange[self._vel_i, 1].copy()
+        self._joint_force_max = self.model.jnt_actfrcrange[[self.model.joint(n).id for n in self.joint_names], 1].copy()
         self.faults = FaultInjector(self)
         self.reset()
 
@@ -158,6 +171,8 @@ class ArmSim:
         self._stopping = False
         self._rejected = False
         self._kin_step = -1
+        self._effort_window = np.zeros((EFFORT_WINDOW_STEPS, len(self.joint_names)))  # applied torque, last steps
+        self._effort_steps = 0  # physics steps since the reset (the window fills up)
         mujoco.mj_forward(m, d)
 
     @property
@@ -265,7 +280,13 @@ class ArmSim:
                 k = 1
             else:
                 k = min(target, self._next_event_step()) - self._step
-            mujoco.mj_step(m, d, nstep=k)
+            if k > EFFORT_WINDOW_STEPS:
+                mujoco.mj_step(m, d, nstep=k - EFFORT_WINDOW_STEPS)
+            for _ in range(min(k, EFFORT_WINDOW_STEPS)):  # the steps the reported effort averages over
+                v0 = d.qvel[self._dof_i].copy()
+                mujoco.mj_step(m, d)
+                self._effort_window[self._effort_steps % EFFORT_WINDOW_STEPS] = self._applied_effort(v0)
+                self._effort_steps += 1
             self._step += k
         self._process_events()
         self._anti_windup()
@@ -306,8 +327,27 @@ class ArmSim:
             stamp_s=self.time_s,
             position_rad=_frozen(d.qpos[self._qpos_i]),
             velocity_radps=_frozen(d.qvel[self._dof_i]),
-            effort_nm=_frozen(d.qfrc_actuator[self._dof_i]),
+            effort_nm=_frozen(self._reported_effort()),
         )
+
+    def _applied_effort(self, qvel_before: np.ndarray) -> np.ndarray:
+        """The drive torque that acted during the physics step just taken (from ``qvel_before``).
+
+        MuJoCo's ``qfrc_actuator`` is the drive's torque at the step's *starting* velocity; the
+        implicit integrator applies the velocity loop's damping at the *new* velocity, i.e.
+        ``kv`` times the step's velocity change less (wherever neither the velocity actuator's
+        force range nor the joint's clamps the torque: there its derivative is zero)."""
+        d = self.data
+        tau = d.qfrc_actuator[self._dof_i]
+        free = (np.abs(d.actuator_force[self._vel_i]) < self._vel_force_max) & (np.abs(tau) < self._joint_force_max)
+        return tau - np.where(free, self._kv * (d.qvel[self._dof_i] - qvel_before), 0.0)
+
+    def _reported_effort(self) -> np.ndarray:
+        """What the drive reports: its applied torque averaged over the last EFFORT_WINDOW_STEPS
+        physics steps (the drive's torque before the first step after a reset)."""
+        if self._effort_steps == 0:
+            return self.data.qfrc_actuator[self._dof_i].copy()
+        return self._effort_window[: min(self._effort_steps, EFFORT_WINDOW_STEPS)].mean(axis=0)
 
     def _measure_joints(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         d, p = self.data, self.profile
@@ -317,7 +357,7 @@ class ArmSim:
         vel_std = math.hypot(p.velocity_noise_std_radps, extra)
         q = d.qpos[self._qpos_i] + self._offset + pos_std * noise[0]
         qd = d.qvel[self._dof_i] + vel_std * noise[1]
-        tau = d.qfrc_actuator[self._dof_i] + p.effort_noise_std_nm * noise[2]
+        tau = self._reported_effort() + p.effort_noise_std_nm * noise[2]
         return q, qd, tau
 
     def _measure_wrench(self) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ import numpy as np
 from mujoco import batch as mjbatch
 
 from robot_wm import description
-from robot_wm.sim.arm import CommandRejected, check_q0
+from robot_wm.sim.arm import EFFORT_WINDOW_STEPS, CommandRejected, check_q0
 from robot_wm.sim.model import ArmModel, build_model
 from robot_wm.sim.profiles import DynamicsProfile, load_profile
 
@@ -101,6 +101,7 @@ class VecArmSim:
         self._qpos, self._qvel, self._act, self._ctrl = b.bind("qpos"), b.bind("qvel"), b.bind("act"), b.bind("ctrl")
         self._qfrc_actuator, self._site_xpos = b.bind("qfrc_actuator"), b.bind("site_xpos")
         self._xpos, self._xmat = b.bind("xpos"), b.bind("xmat")
+        self._actuator_force = b.bind("actuator_force")
 
         def per_env(values: Sequence[Sequence[float]]) -> np.ndarray:
             return np.array(values, dtype=float)
@@ -110,6 +111,13 @@ class VecArmSim:
         self._vel_std = per_env([[p.velocity_noise_std_radps] for p in self.profiles])
         self._eff_std = per_env([[p.effort_noise_std_nm] for p in self.profiles])
         self._window = per_env([a.integral_window_rad for a in self._arms])
+        # the drive's reported torque: its applied torque over the last EFFORT_WINDOW_STEPS (ArmSim._applied_effort)
+        self._kv = per_env([p.velocity_gain_nms for p in self.profiles])
+        self._vel_force_max = per_env([a.model.actuator_forcerange[a.vel_actuators, 1] for a in self._arms])
+        self._joint_force_max = per_env([a.model.jnt_actfrcrange[[a.model.joint(n).id for n in a.joint_names], 1]
+                                         for a in self._arms])
+        self._effort_window = np.zeros((self.n_envs, EFFORT_WINDOW_STEPS, len(self.joint_names)))
+        self._effort_steps = np.zeros(self.n_envs, dtype=np.int64)
         self._rngs = [np.random.default_rng(seed + i) for i in range(self.n_envs)]
         self._steps = np.zeros(self.n_envs, dtype=np.int64)
         self._reset(np.arange(self.n_envs), None)  # no observation: the noise streams start at reset()
@@ -148,6 +156,7 @@ class VecArmSim:
             self._qpos[i, a.qpos_adr] = q0[k]
             self._act[i, a.int_act_adr] = q0[k]
         self._steps[ids] = 0
+        self._effort_steps[ids] = 0
         self._batch.forward(ids)
 
     def step(self, actions: np.ndarray) -> VecObservation:
@@ -171,7 +180,19 @@ class VecArmSim:
         v = np.clip(v, -a.velocity_limit_radps, a.velocity_limit_radps)
         self._ctrl[:, a.vel_actuators] = v
         self._ctrl[:, a.int_actuators] = v
-        self._batch.step(nstep=self.control_steps, stage=mujoco.mjtStage.mjSTAGE_POS.value)
+        stage = mujoco.mjtStage.mjSTAGE_POS.value
+        if self.control_steps > EFFORT_WINDOW_STEPS:
+            self._batch.step(nstep=self.control_steps - EFFORT_WINDOW_STEPS, stage=stage)
+        rows = np.arange(self.n_envs)
+        for _ in range(min(self.control_steps, EFFORT_WINDOW_STEPS)):  # the steps the reported effort averages over
+            v0 = self._qvel[:, a.dof_adr].copy()
+            self._batch.step(nstep=1, stage=stage)
+            tau = self._qfrc_actuator[:, a.dof_adr]
+            free = (np.abs(self._actuator_force[:, a.vel_actuators]) < self._vel_force_max) & (
+                np.abs(tau) < self._joint_force_max)
+            applied = tau - np.where(free, self._kv * (self._qvel[:, a.dof_adr] - v0), 0.0)
+            self._effort_window[rows, self._effort_steps % EFFORT_WINDOW_STEPS] = applied
+            self._effort_steps += 1
         self._steps += self.control_steps
         # anti-windup, as ArmSim does at the end of every step() call
         q = self._qpos[:, a.qpos_adr]
@@ -194,7 +215,12 @@ class VecArmSim:
         noise = np.stack([rng.standard_normal((3, n)) for rng in self._rngs])  # (n_envs, 3, 6)
         q = self._qpos[:, a.qpos_adr] + self._offset + self._pos_std * noise[:, 0]
         qd = self._qvel[:, a.dof_adr] + self._vel_std * noise[:, 1]
-        tau = self._qfrc_actuator[:, a.dof_adr] + self._eff_std * noise[:, 2]
+        tau = self._qfrc_actuator[:, a.dof_adr].copy()  # before an environment's first step: the drive's torque
+        full = self._effort_steps >= EFFORT_WINDOW_STEPS
+        tau[full] = self._effort_window[full].mean(axis=1)
+        for i in np.flatnonzero((self._effort_steps > 0) & ~full):  # after fewer steps than the window
+            tau[i] = self._effort_window[i, : self._effort_steps[i]].mean(axis=0)
+        tau += self._eff_std * noise[:, 2]
         r_base = self._xmat[:, a.base_body].reshape(-1, 3, 3)
         rel = self._site_xpos[:, a.tool_site] - self._xpos[:, a.base_body]
         tool = np.einsum("nji,nj->ni", r_base, rel)
