@@ -33,7 +33,7 @@ def bench_profile(profile: str, trials: int, normal_minutes: float, calibrate_s:
     t0 = time.perf_counter()
     normal = te.operate(profile, calibrate_s, seed, config=config, stack=stack)
     cal = te.calibrate_run(normal, settings.exceedance, settings.floor_map(), config, model_version=version,
-                           source=f"bench:{profile}")
+                           source=f"bench:{profile}", alarms_per_hour=settings.alarms_per_hour)
     print(f"[{profile}] calibrated on {calibrate_s:g} s in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k} {v:.3g}" for k, v in cal.thresholds.items()), flush=True)
     rng = np.random.default_rng(seed + 1)

@@ -119,6 +119,6 @@ def calibrate_from_bags(directory: Path, world_model_path: Path, *, config_file:
         raise ValueError(f"{directory}: {n} episode(s), {seconds:.0f} s of operation: a calibration at exceedance "
                          f"{settings.exceedance:g} (config/trust.yaml) needs {need:.0f} s; record more")
     cal = calibrate_run(run, settings.exceedance, settings.floor_map(), config, model_version=version,
-                        source=f"bags:{Path(directory).name}:{n}ep:{seconds:.0f}s")
+                        source=f"bags:{Path(directory).name}:{n}ep:{seconds:.0f}s", alarms_per_hour=settings.alarms_per_hour)
     path = calib_io.save(cal, Path(out)) if out is not None else None
     return cal, path, seconds

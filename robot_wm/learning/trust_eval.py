@@ -251,8 +251,9 @@ def smooth(values: np.ndarray, tau_s: float, dt_s: float) -> np.ndarray:
 
 
 def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config: TrustConfig, *,
-                  model_version: str, source: str, settle_s: float = 3.0, dt_s: float = 0.01) -> Calibration:
-    """A calibration from a normal run (see the module docstring)."""
+                  model_version: str, source: str, settle_s: float = 3.0, dt_s: float = 0.01,
+                  alarms_per_hour: float | None = None) -> Calibration:
+    """A calibration from a normal run (see the module docstring; ``alarms_per_hour``: ``calibrate``'s)."""
     keep = run.t_s >= run.t_s[0] + settle_s
     idx = np.flatnonzero(keep)
     fit, held = idx[: len(idx) // 2], idx[len(idx) // 2:]
@@ -270,7 +271,8 @@ def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config:
         values = eff if sig is Signal.EFFORT else run.raw[sig.value]
         streams[sig.value] = smooth(values[held], tau, dt_s)
     return calibrate(streams, exceedance, floors, model_version=model_version, source=source,
-                     effort_model=effort.to_dict())
+                     effort_model=effort.to_dict(), alarms_per_hour=alarms_per_hour, dt_s=dt_s,
+                     min_duration_s=config.min_duration_s)
 
 
 def level_drops(run: Run, after_s: float = 3.0) -> np.ndarray:
@@ -318,7 +320,8 @@ def calibrate_profile(profile: str, *, seconds: float | None = None, seed: int =
     version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01, analytic=False).version
     run = operate(profile, seconds or settings.seconds, seed, config=config, stack=stack, progress=progress)
     cal = calibrate_run(run, settings.exceedance, settings.floor_map(), config, model_version=version,
-                        source=f"library:{profile}:seed{seed}:{run.t_s[-1] + 0.01:.0f}s")
+                        source=f"library:{profile}:seed{seed}:{run.t_s[-1] + 0.01:.0f}s",
+                        alarms_per_hour=settings.alarms_per_hour)
     path = calib_io.save(cal, Path(out) if out is not None else default_calibration_path(profile))
     return path, cal, run
 
@@ -425,7 +428,11 @@ def _calibrate_bags(args) -> int:
 
 
 def _print_calibration(cal: Calibration, path: Path, what: str) -> None:
-    print(f"trust calibration {what}: {cal.periods} held-out periods at exceedance {cal.exceedance:g}")
+    rate = f", raised for {cal.alarms_per_hour:g} level drops per hour" if cal.alarms_per_hour else ""
+    print(f"trust calibration {what}: {cal.periods} held-out periods at exceedance {cal.exceedance:g}{rate}")
     for name, value in cal.thresholds.items():
-        print(f"  {name:<17} threshold {value:.4g}")
+        fit = (cal.tail or {}).get(name)
+        how = (f" (tail fit: {fit['episodes']} episodes over {fit['u']:.3g}, shape {fit['xi']:.2f})"
+               if isinstance(fit, dict) and fit.get("method") == "gpd" else "")
+        print(f"  {name:<17} threshold {value:.4g}{how}")
     print(f"written to {path}")

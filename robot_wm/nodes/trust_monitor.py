@@ -83,7 +83,8 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         defaults = {"calibration_exceedance": 1e-4, "calibration_seconds": 600.0, "refresh_seconds": 600.0,
                     "refresh_max_factor": 1.5}
         for name in ("calibration_exceedance", "calibration_seconds", "floor_prediction_error", "floor_disagreement",
-                     "floor_intervention", "floor_effort_error", "refresh_seconds", "refresh_max_factor"):
+                     "floor_intervention", "floor_effort_error", "refresh_seconds", "refresh_max_factor",
+                     "false_alarms_per_hour"):
             self.params[name] = declare(self, name, defaults.get(name, 0.0), "calibration (config/trust.yaml)",
                                         read_only=True)
         self.calibrate_s = declare(self, "calibrate_s", 0.0, "record this many seconds of normal operation, then "
@@ -343,7 +344,8 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
             return
         try:
             self._refresh = CalibrationRefresh(self.calibration, settings.floor_map(), self.dt_s,
-                                               settings.refresh_seconds, settings.refresh_max_factor)
+                                               settings.refresh_seconds, settings.refresh_max_factor,
+                                               self._config.min_duration_s)
         except ValueError as exc:
             self.get_logger().error(f"calibration refresh off: {exc}; the inherited thresholds stay in force")
             return
@@ -515,7 +517,8 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         try:
             cal = calibrate_run(run, settings.exceedance, settings.floor_map(), self._config,
                                 model_version=self._model_version or "unknown",
-                                source=f"ros:{self.profile}:{run.t_s[-1] - run.t_s[0]:.0f}s", dt_s=self.dt_s)
+                                source=f"ros:{self.profile}:{run.t_s[-1] - run.t_s[0]:.0f}s", dt_s=self.dt_s,
+                                alarms_per_hour=settings.alarms_per_hour)
             calib_io.save(cal, self._path)
         except (CalibrationError, EffortModelError, OSError, ValueError) as exc:
             self.problem = f"calibration failed: {exc}"

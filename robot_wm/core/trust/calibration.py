@@ -10,11 +10,15 @@ normal operation (the filter's interventions) gets the threshold's floor instead
 
 An anomaly needs two signals over their thresholds at once for ``min_duration_s``: for independent
 signals the false-alarm rate is then about the product of the two exceedances, which is why each
-can be calibrated at a moderate α from minutes of data.
+can be calibrated at a moderate α from minutes of data. One signal over its threshold is a level
+drop (CAUTIOUS), though, and at α = 1e-4 per period those come several times an hour. With
+``alarms_per_hour`` each threshold is also raised to the level the signal stays over for
+``min_duration_s`` in at most its share of that many episodes per hour: a peaks-over-threshold
+fit of the calibration's excursions, extrapolated (``robot_wm.core.trust.tail``).
 
 The result is a ``Calibration``: thresholds, the model version it is valid for, where the data
 came from, and when; saved as JSON with an atomic write (``save``), refused on load when it does
-not match the running model (``load``). numpy only.
+not match the running model (``load``). numpy (and scipy for the tail fit).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import numpy as np
 
 from robot_wm.core.atomic import write_json
 from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Signal
+from robot_wm.core.trust.tail import EPISODE_GAP_S, TailError, rate_threshold
 
 CALIBRATION_FORMAT = "robot_wm-trust-calibration/2"
 
@@ -50,6 +55,9 @@ class Calibration:
         created_unix_s: when it was made.
         effort_model: ``EffortModel.to_dict()`` of the same normal operation, or None (then the
             effort signal is off: no threshold for it).
+        alarms_per_hour: the level drops per hour the thresholds were raised for (None: per-period
+            exceedance alone).
+        tail: signal name -> ``TailFit.to_dict()`` of its rate threshold, or the reason there is none.
     """
 
     thresholds: dict[str, float]
@@ -59,6 +67,8 @@ class Calibration:
     periods: int
     created_unix_s: float = field(default_factory=time.time)
     effort_model: dict | None = None
+    alarms_per_hour: float | None = None
+    tail: dict | None = None
 
     def threshold(self, signal: Signal) -> float:
         """The signal's threshold; ``math.inf`` for a signal this calibration does not judge."""
@@ -88,7 +98,8 @@ def conformal_quantile(values: np.ndarray, exceedance: float) -> float:
 
 
 def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[str, float], *,
-              model_version: str, source: str, effort_model: dict | None = None) -> Calibration:
+              model_version: str, source: str, effort_model: dict | None = None,
+              alarms_per_hour: float | None = None, dt_s: float = 0.01, min_duration_s: float = 0.03) -> Calibration:
     """Thresholds from smoothed normal-operation streams (one array per signal).
 
     Args:
@@ -98,22 +109,53 @@ def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[st
         floors: signal name -> the smallest threshold allowed (config).
         model_version, source: provenance, kept in the result.
         effort_model: the effort model the ``effort_error`` stream was computed with.
+        alarms_per_hour: target level drops per hour over all the signals (each gets an equal
+            share); None or 0: the conformal quantiles alone.
+        dt_s, min_duration_s: the monitor's period and persistence (what a level drop is).
     Raises:
         CalibrationError: a signal missing, or what ``conformal_quantile`` raises (naming the signal).
     """
-    thresholds = {}
+    thresholds: dict[str, float] = {}
+    tails: dict[str, object] = {}
     wanted = SIGNALS if effort_model is not None else BASE_SIGNALS
+    share = alarms_share(alarms_per_hour, effort_model is not None)
     for sig in wanted:
         if sig.value not in streams:
             raise CalibrationError(f"calibration: no values for signal {sig.value!r}")
         try:
-            q = conformal_quantile(streams[sig.value], exceedance)
+            q, tails[sig.value] = signal_threshold(streams[sig.value], exceedance, share, dt_s, min_duration_s)
         except CalibrationError as exc:
             raise CalibrationError(f"signal {sig.value!r}: {exc}") from exc
         thresholds[sig.value] = max(q, float(floors.get(sig.value, 0.0)))
     n = min(int(np.asarray(streams[s.value]).size) for s in wanted)
     return Calibration(thresholds, float(exceedance), str(model_version), str(source), n,
-                       effort_model=effort_model)
+                       effort_model=effort_model, alarms_per_hour=float(alarms_per_hour) if share else None,
+                       tail={k: v for k, v in tails.items() if v is not None} or None)
+
+
+def alarms_share(alarms_per_hour: float | None, with_effort: bool) -> float | None:
+    """Each signal's share of the level drops per hour (an equal one; None: no rate target)."""
+    return alarms_per_hour / len(SIGNALS if with_effort else BASE_SIGNALS) if alarms_per_hour else None
+
+
+def signal_threshold(values: np.ndarray, exceedance: float, alarms_per_hour: float | None, dt_s: float,
+                     min_duration_s: float) -> tuple[float, dict | str | None]:
+    """One signal's threshold (before its floor): the conformal quantile at ``exceedance``, raised
+    to its rate threshold for ``alarms_per_hour`` level drops per hour when given.
+
+    Returns:
+        (threshold, the tail fit's ``to_dict()``, or why there is none, or None without a rate).
+    Raises:
+        CalibrationError: what ``conformal_quantile`` raises.
+    """
+    q = conformal_quantile(values, exceedance)
+    if alarms_per_hour is None:
+        return q, None
+    try:
+        fit = rate_threshold(values, dt_s, min_duration_s, alarms_per_hour, EPISODE_GAP_S)
+    except TailError as exc:  # a signal that is rarely non-zero (interventions): its quantile and floor
+        return q, f"no rate threshold: {exc}"
+    return max(q, fit.threshold), fit.to_dict()
 
 
 def save(calibration: Calibration, path: Path) -> Path:
@@ -152,14 +194,17 @@ def load(path: Path, model_version: str | None = None) -> Calibration:
         raise CalibrationError(f"{path}: calibrated for world model {doc.get('model_version')!r}, the running one is "
                                f"{model_version!r}: run `robot-wm trust calibrate` again")
     try:
+        alarms = doc.get("alarms_per_hour")
         return Calibration({k: float(thresholds[k]) for k in (s.value for s in wanted)}, float(doc["exceedance"]),
                            str(doc["model_version"]), str(doc["source"]), int(doc["periods"]),
-                           float(doc.get("created_unix_s", 0.0)), effort)
+                           float(doc.get("created_unix_s", 0.0)), effort, None if alarms is None else float(alarms),
+                           doc.get("tail") if isinstance(doc.get("tail"), dict) else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise CalibrationError(f"{path}: malformed trust calibration: {exc}") from exc
 
 
-__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "calibrate", "conformal_quantile", "load", "save"]
+__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "alarms_share", "calibrate", "conformal_quantile", "load",
+           "save", "signal_threshold"]
 
 
 def with_floors(cal: Calibration, floors: dict[str, float]) -> Calibration:

@@ -16,9 +16,12 @@ can graze a threshold that was never its own. ``CalibrationRefresh`` measures th
   being judged, so a model cannot vouch for itself;
 - after ``seconds`` of such periods (at least the ⌈1/α⌉ − 1 that the conformal quantile at the
   calibration's exceedance α needs) each world-model threshold becomes the split-conformal quantile
-  of what was collected, kept between its floor and ``max_factor`` times the inherited threshold:
-  a refresh may tighten freely (the new model is better) and loosen only that much (a model worse
-  than its parent is the rollback's business, ``swap.SwapWatch``). Without an effort model (an arm
+  of what was collected (raised to its rate threshold when the calibration was made for a number
+  of level drops per hour, ``calibration.signal_threshold``; where the collected periods hold too
+  few excursions to fit, not below the inherited threshold), kept between its floor and
+  ``max_factor`` times the inherited threshold: a refresh may tighten freely (the new model is
+  better) and loosen only that much (a model worse than its parent is the rollback's business,
+  ``swap.SwapWatch``). Without an effort model (an arm
   without torque sensing) the interventions alone are a weak judge: the refresh only tightens;
 - the model-free thresholds and the effort model are kept as they are (the arm did not change
   with the model).
@@ -34,7 +37,7 @@ import time
 
 import numpy as np
 
-from robot_wm.core.trust.calibration import Calibration, conformal_quantile
+from robot_wm.core.trust.calibration import Calibration, alarms_share, signal_threshold
 from robot_wm.core.trust.monitor import TrustMonitor
 from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust.signals import SIGNALS, Ewma, Signal
@@ -61,13 +64,15 @@ class CalibrationRefresh:
         dt_s: the monitor's period (s).
         seconds: how much normal operation to collect (s).
         max_factor: a refreshed threshold is at most this multiple of the inherited one (>= 1).
+        min_duration_s: the monitor's persistence, for the rate thresholds of a calibration made with
+            a false-alarm rate (``Calibration.alarms_per_hour``).
     Raises:
         ValueError: ``seconds`` gives fewer periods than the conformal quantile at the calibration's
             exceedance needs, or a setting out of range (the message names it).
     """
 
     def __init__(self, inherited: Calibration, floors: dict[str, float], dt_s: float, seconds: float,
-                 max_factor: float) -> None:
+                 max_factor: float, min_duration_s: float = 0.03) -> None:
         if not (math.isfinite(dt_s) and dt_s > 0):
             raise ValueError(f"refresh: dt_s={dt_s!r}: expected a positive period (s)")
         if not (math.isfinite(max_factor) and max_factor >= 1.0):
@@ -83,6 +88,7 @@ class CalibrationRefresh:
                              f"({need * dt_s:g} s)")
         self.inherited, self.floors, self.max_factor = inherited, dict(floors), float(max_factor)
         self.dt_s = float(dt_s)
+        self.min_duration_s = float(min_duration_s)  # the monitor's persistence (a rate threshold's level drop)
         self._values = {sig: np.empty(self.periods) for sig in MODEL_SIGNALS}
         self.collected = 0
         self.skipped = 0  # periods the model-free signals did not call normal, and those settling after them
@@ -133,14 +139,20 @@ class CalibrationRefresh:
             raise ValueError(f"refresh: {self.collected} of {self.periods} normal periods collected")
         cal = self.inherited
         thresholds = dict(cal.thresholds)
+        share = alarms_share(cal.alarms_per_hour, cal.judges(Signal.EFFORT))
+        tails = dict(cal.tail or {})
         for sig in MODEL_SIGNALS:
-            q = conformal_quantile(self._values[sig], cal.exceedance)
+            # the collected periods as one stream (the settling after an abnormal stretch left out)
+            q, tails[sig.value] = signal_threshold(self._values[sig], cal.exceedance, share, self.dt_s,
+                                                   self.min_duration_s)
+            if isinstance(tails[sig.value], str):  # no rate fit on this data: the inherited threshold's is kept
+                q = max(q, cal.threshold(sig))
             old = cal.threshold(sig)
             thresholds[sig.value] = float(min(max(q, self.floors.get(sig.value, 0.0)), self.max_factor * old))
         source = (f"refreshed on {self.collected} live periods of normal operation ({self.skipped} skipped), "
                   f"from {cal.source}")
         return dataclasses.replace(cal, thresholds=thresholds, source=source, periods=self.collected,
-                                   created_unix_s=time.time())
+                                   created_unix_s=time.time(), tail={k: v for k, v in tails.items() if v is not None} or None)
 
 
 __all__ = ["INHERITED_PREFIX", "MODEL_FREE_SIGNALS", "MODEL_SIGNALS", "CalibrationRefresh", "is_inherited"]

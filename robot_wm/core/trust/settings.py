@@ -20,6 +20,7 @@ class CalibrationSettings:
     floors: tuple[tuple[str, float], ...] = ()
     refresh_seconds: float = 600.0  # an inherited calibration is refreshed on this much live normal operation (0: never)
     refresh_max_factor: float = 1.5  # a refreshed threshold stays at most this multiple of the inherited one
+    alarms_per_hour: float = 0.0  # target level drops per hour of normal operation, over all signals (0: off)
 
     def floor_map(self) -> dict[str, float]:
         return dict(self.floors)
@@ -55,7 +56,11 @@ def config_from_params(params: dict) -> tuple[TrustConfig, CalibrationSettings]:
     if refresh_factor < 1.0:
         raise ValueError(f"{SECTION}.refresh_max_factor={refresh_factor!r}: expected >= 1 (a refresh may tighten a "
                          "threshold freely, loosen it at most by this factor)")
-    return config, CalibrationSettings(exceedance, seconds, floors, refresh_s, refresh_factor)
+    alarms = _number(params, "false_alarms_per_hour", 0.0)
+    if alarms < 0:
+        raise ValueError(f"{SECTION}.false_alarms_per_hour={alarms!r}: expected a rate >= 0 per hour (0: thresholds "
+                         "from the per-period exceedance alone)")
+    return config, CalibrationSettings(exceedance, seconds, floors, refresh_s, refresh_factor, alarms)
 
 
 PHASE_KEYS = ("min_minutes", "min_episodes", "min_success_rate", "min_mean_score", "anomaly_free_minutes",
