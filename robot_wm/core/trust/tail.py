@@ -20,8 +20,9 @@ tail from an unlucky sample, and taking it for one would put the threshold at th
 seen. What this cannot do is see a heavier tail than minutes show: on smoothed Student-t noise
 (ξ ≈ 0.1) five minutes fit ξ ≤ 0, and a 0.3-per-hour threshold drops about once an hour; on the
 arm's own signals (library mode, both profiles, 0.125 per hour and signal) an hour of held-out
-operation had no drop at all, against 5-12 with the per-period quantiles. Where the calibration is long enough to hold ``MIN_EMPIRICAL`` episodes at the target rate,
-the threshold is the empirical level instead and nothing is extrapolated. numpy and scipy.
+operation had no drop at all, against 5-12 with the per-period quantiles. Where the calibration
+is long enough to hold ``MIN_EMPIRICAL`` episodes at the target rate, the threshold is the
+empirical level instead and nothing is extrapolated. numpy and scipy.
 """
 from __future__ import annotations
 
