@@ -195,6 +195,25 @@ def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payloa
     assert EFFORT_OVER.search(first[2]), first
 
 
+def test_the_excitation_clock_starts_at_the_first_command_change_after_the_onset():
+    """A command-path fault (latency) cannot show while the arm holds a goal: bench_trust also
+    counts its detection from the first command that changed after the onset."""
+    from robot_wm.learning import trust_eval as te
+
+    n = 100
+    commands = [np.zeros(6) for _ in range(n)]
+    for k in (10, 11):  # a change before the onset does not count
+        commands[k] = np.full(6, 0.1 * k)
+    for k in range(60, n):  # the goal changes 40 periods after the onset
+        commands[k] = np.full(6, 0.002 * (k - 59))
+    run = te.Run("nominal", np.arange(n) * DT, {}, np.zeros((n, 6, 6)), np.zeros((n, 6)), np.zeros(n, int), fault_t_s=0.2)
+    run.commands = commands
+    assert te.excitation_delay_periods(run) is None  # steps of 0.002 rad/s: under the 0.01 that counts
+    assert te.excitation_delay_periods(run, min_change_radps=0.001) == 40.0
+    run.commands = commands[:55]
+    assert te.excitation_delay_periods(run, min_change_radps=0.001) is None
+
+
 # ------------------------------------------------------------------------------- the node
 def _trust_client(context):
     from rclpy.executors import SingleThreadedExecutor

@@ -289,7 +289,20 @@ def detection_latency_periods(run: Run, dt_s: float = 0.01) -> float | None:
 
 
 __all__ = ["BASE_SIGNALS", "DYNAMIC_FAULTS", "FAULTS", "Run", "RunRecorder", "calibrate_run", "detection_latency_periods",
-           "level_drops", "operate", "smooth"]
+           "excitation_delay_periods", "level_drops", "operate", "smooth"]
+
+
+def excitation_delay_periods(run: Run, dt_s: float = 0.01, min_change_radps: float = 0.01) -> float | None:
+    """Periods from the fault's onset to the first command that differs from the one before it by
+    more than ``min_change_radps`` on some joint: the first moment a fault of the command path
+    (latency) can show in the motion — an arm holding a goal looks the same with or without it
+    (None: no such command within the run)."""
+    if not run.commands:
+        return None
+    u = np.asarray(run.commands, dtype=float)
+    changed = np.r_[False, np.abs(np.diff(u, axis=0)).max(axis=1) > min_change_radps]
+    hits = np.flatnonzero(changed & (run.t_s[: len(u)] >= run.fault_t_s))
+    return None if hits.size == 0 else float(round((run.t_s[hits[0]] - run.fault_t_s) / dt_s))
 
 
 def default_calibration_path(profile: str, task: str = "reach") -> Path:
