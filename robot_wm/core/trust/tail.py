@@ -74,7 +74,8 @@ class TailFit:
     method: str
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, JSON-safe (σ and ξ of an empirical threshold are None)."""
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
     def rate_at(self, x: float) -> float:
         """The fitted episode rate per hour over level ``x`` (>= u)."""
