@@ -36,6 +36,11 @@ from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Signal
 from robot_wm.core.trust.tail import EPISODE_GAP_S, TailError, rate_threshold
 
 CALIBRATION_FORMAT = "robot_wm-trust-calibration/2"
+#: a rate threshold is at most this multiple of the per-period quantile: a signal whose minutes of
+#: normal operation show excursions that far out (a live graph's hiccups) cannot be bought off its
+#: false alarms without going blind, and an extra CAUTIOUS is the cheaper error (the fit records
+#: ``capped_at``). On the library loop's signals the fits come to 1.1-1.6 times the quantile.
+RATE_MAX_RATIO = 2.0
 
 
 class CalibrationError(ValueError):
@@ -143,8 +148,11 @@ def signal_threshold(values: np.ndarray, exceedance: float, alarms_per_hour: flo
     """One signal's threshold (before its floor): the conformal quantile at ``exceedance``, raised
     to its rate threshold for ``alarms_per_hour`` level drops per hour when given.
 
+    The rate threshold is capped at RATE_MAX_RATIO times the quantile.
+
     Returns:
-        (threshold, the tail fit's ``to_dict()``, or why there is none, or None without a rate).
+        (threshold, the tail fit's ``to_dict()`` (with ``capped_at`` when the cap applied), or why
+        there is none, or None without a rate).
     Raises:
         CalibrationError: what ``conformal_quantile`` raises.
     """
@@ -155,7 +163,10 @@ def signal_threshold(values: np.ndarray, exceedance: float, alarms_per_hour: flo
         fit = rate_threshold(values, dt_s, min_duration_s, alarms_per_hour, EPISODE_GAP_S)
     except TailError as exc:  # a signal that is rarely non-zero (interventions): its quantile and floor
         return q, f"no rate threshold: {exc}"
-    return max(q, fit.threshold), fit.to_dict()
+    info = fit.to_dict()
+    if fit.threshold > RATE_MAX_RATIO * q:
+        info["capped_at"] = RATE_MAX_RATIO * q
+    return max(q, min(fit.threshold, RATE_MAX_RATIO * q)), info
 
 
 def save(calibration: Calibration, path: Path) -> Path:

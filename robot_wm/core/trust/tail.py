@@ -15,9 +15,11 @@ episode peaks' excess over ``u``, and solve for the level whose episode rate is 
 
     rate(x) = rate(u) · (1 + ξ (x − u) / σ) ^ (−1/ξ)     ->     x = u + σ/ξ · ((rate(u)/target)^ξ − 1)
 
-with ξ kept >= 0 (an exponential tail at the lightest): a short calibration cannot tell a bounded
-tail from an unlucky sample, and taking it for one would put the threshold at the largest value
-seen. What this cannot do is see a heavier tail than minutes show: on smoothed Student-t noise
+with ξ kept in [0, 0.5] (``fit_gpd``): at the lightest an exponential tail, since a short
+calibration cannot tell a bounded tail from an unlucky sample, and taking it for one would put the
+threshold at the largest value seen; at the heaviest a tail with finite variance. The threshold is
+never below the largest episode peak of the calibration (seen once in minutes: more often than
+once in hours), whatever the fit says. What this cannot do is see a heavier tail than minutes show: on smoothed Student-t noise
 (ξ ≈ 0.1) five minutes fit ξ ≤ 0, and a 0.3-per-hour threshold drops about once an hour; on the
 arm's own signals (library mode, both profiles, 0.125 per hour and signal) an hour of held-out
 operation had no drop at all, against 5-12 with the per-period quantiles. Where the calibration
@@ -35,6 +37,9 @@ import numpy as np
 MIN_EPISODES = 20
 #: the episode count over ``u`` aimed for (the highest ``u`` that keeps about this many)
 TARGET_EPISODES = 50
+#: the largest shape ξ believed: beyond 0.5 the peaks' variance is infinite, and minutes of data that
+#: say so show a few outliers, not a tail to extrapolate over thousands of times the rate
+XI_MAX = 0.5
 #: episodes that a calibration must hold at the target rate for the threshold to be read off it
 MIN_EMPIRICAL = 10
 #: excursions closer than this are one episode. Shorter than the monitor's clean hold (2 s, within
@@ -105,6 +110,26 @@ def episode_peaks(m: np.ndarray, u: float, gap: int) -> np.ndarray:
     return np.maximum.reduceat(m[above], np.r_[0, breaks])
 
 
+def fit_gpd(excess: np.ndarray) -> tuple[float, float]:
+    """Maximum likelihood (ξ, σ) of a generalized Pareto distribution for ``excess`` (> 0), with ξ
+    in [0, XI_MAX]: the profile likelihood over a grid of ξ, σ by a bounded search at each (the
+    unconstrained fit of ``scipy.stats.genpareto`` runs off to ξ of 5-7 with σ ~ 1e-5 on a mass of
+    tiny excesses and a few large ones, as a live ROS calibration gave)."""
+    from scipy.optimize import minimize_scalar
+    from scipy.stats import genpareto
+
+    y = np.asarray(excess, dtype=float)
+    y = y[y > 0]
+    mean = float(np.mean(y)) if y.size else 1.0
+    best = (-float(genpareto.logpdf(y, 0.0, scale=mean).sum()), 0.0, mean)  # ξ = 0: the exponential, scale = mean
+    for xi in np.linspace(0.0, XI_MAX, 26)[1:]:
+        res = minimize_scalar(lambda ls, c=xi: -float(genpareto.logpdf(y, c, scale=math.exp(ls)).sum()),
+                              bounds=(math.log(mean) - 12.0, math.log(mean) + 3.0), method="bounded")
+        if res.fun < best[0]:
+            best = (float(res.fun), float(xi), math.exp(float(res.x)))
+    return best[1], max(best[2], 1e-12)
+
+
 def rate_threshold(values: np.ndarray, dt_s: float, min_duration_s: float, rate_per_hour: float,
                    gap_s: float) -> TailFit:
     """The level that a smoothed signal stays over for ``min_duration_s`` in ``rate_per_hour``
@@ -141,22 +166,19 @@ def rate_threshold(values: np.ndarray, dt_s: float, min_duration_s: float, rate_
         raise TailError(f"{peaks.size} episodes of the signal over any level in {hours * 60:.1f} min (episodes "
                         f"{gap_s:g} s apart): a tail fit needs at least {MIN_EPISODES}; calibrate longer")
     rate_u = peaks.size / hours
+    # the level the data itself shows exceeded no more often than the target: with fewer than one
+    # episode expected in the calibration, its largest peak (seen once, so more often than the target)
+    k = int(math.floor(rate_per_hour * hours))
+    top = np.sort(peaks)[::-1]
+    seen = float(top[k]) if k < top.size else u
     if rate_per_hour * hours >= MIN_EMPIRICAL:  # long enough to read the level off the data
-        k = int(math.floor(rate_per_hour * hours))
-        top = np.sort(peaks)[::-1]
-        x = float(top[k]) if k < top.size else u
-        return TailFit(x, float(rate_per_hour), u, rate_u, math.nan, math.nan, int(peaks.size), hours, "empirical")
-    from scipy.stats import genpareto
-
-    excess = peaks - u
-    xi, _, sigma = genpareto.fit(excess, floc=0.0)
-    if not xi >= 0.0:  # a bounded tail is not believed from minutes of data: refit as exponential
-        xi, sigma = 0.0, float(np.mean(excess))
-    sigma = max(float(sigma), 1e-12)
+        return TailFit(seen, float(rate_per_hour), u, rate_u, math.nan, math.nan, int(peaks.size), hours, "empirical")
+    xi, sigma = fit_gpd(peaks - u)
     ratio = rate_u / rate_per_hour
     x = u + (sigma * math.log(ratio) if xi < 1e-9 else sigma / xi * (ratio ** xi - 1.0))
+    x = max(x, seen)  # a fit that does not reach the data's own peaks (a few outliers) is not believed
     return TailFit(float(x), float(rate_per_hour), u, rate_u, sigma, float(xi), int(peaks.size), hours, "gpd")
 
 
-__all__ = ["EPISODE_GAP_S", "MIN_EMPIRICAL", "MIN_EPISODES", "TARGET_EPISODES", "TailError", "TailFit", "episode_peaks",
-           "persisted", "rate_threshold"]
+__all__ = ["EPISODE_GAP_S", "MIN_EMPIRICAL", "MIN_EPISODES", "TARGET_EPISODES", "XI_MAX", "TailError", "TailFit",
+           "episode_peaks", "fit_gpd", "persisted", "rate_threshold"]
