@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from robot_wm.core.trust import calibrate
+from robot_wm.core.trust import calibrate, conformal_quantile
 from robot_wm.core.trust import calibration as calib_io
-from robot_wm.core.trust.tail import EPISODE_GAP_S, TailError, episode_peaks, persisted, rate_threshold
+from robot_wm.core.trust.calibration import RATE_MAX_RATIO, signal_threshold
+from robot_wm.core.trust.tail import EPISODE_GAP_S, XI_MAX, TailError, episode_peaks, fit_gpd, persisted, rate_threshold
 
 DT = 0.01
 MIN_DURATION = 0.03
@@ -90,3 +91,31 @@ def test_calibrate_with_a_false_alarm_rate_raises_thresholds_and_keeps_the_fit(t
     back = calib_io.load(calib_io.save(rated, tmp_path / "c.json"), "wm")
     assert back.alarms_per_hour == 0.5 and back.tail == rated.tail and back.thresholds == rated.thresholds
     assert plain.alarms_per_hour is None and plain.tail is None
+
+
+def test_the_shape_fit_is_bounded_and_recovers_a_plain_tail():
+    from scipy.stats import genpareto
+
+    rng = np.random.default_rng(2)
+    for true_xi in (0.0, 0.3):
+        xi, sigma = fit_gpd(genpareto.rvs(true_xi, scale=1.0, size=400, random_state=rng))
+        assert abs(xi - true_xi) < 0.15 and 0.8 < sigma < 1.25, (true_xi, xi, sigma)
+    # a mass of tiny excesses and a few large ones: scipy's unconstrained fit says shape 5-7
+    xi, sigma = fit_gpd(np.r_[1e-5 * rng.random(60), 0.5, 1.0, 2.0])
+    assert 0.0 <= xi <= XI_MAX and sigma > 0
+
+
+def test_outliers_in_a_calibration_neither_blind_a_signal_nor_hide_under_the_fit():
+    """A signal whose five minutes hold a few big excursions: its rate threshold is at least the
+    largest of them (each seen once, so more often than the target), and at most RATE_MAX_RATIO
+    times the per-period quantile (the signal must still fire)."""
+    rng = np.random.default_rng(9)
+    values = smoothed_noise(rng, 30_000)
+    for start in (5_000, 15_000, 25_000):  # three hiccups of 0.2 s at 6x the usual level
+        values[start:start + 20] += 6.0
+    fit = rate_threshold(values, DT, MIN_DURATION, 0.1, EPISODE_GAP_S)
+    assert fit.threshold >= episode_peaks(persisted(values, 4), fit.u, int(EPISODE_GAP_S / DT)).max()
+    q = conformal_quantile(values, 1e-4)
+    threshold, info = signal_threshold(values, 1e-4, 0.1, DT, MIN_DURATION)
+    assert threshold == pytest.approx(min(max(q, fit.threshold), RATE_MAX_RATIO * q))
+    assert info["capped_at"] == pytest.approx(RATE_MAX_RATIO * q)
