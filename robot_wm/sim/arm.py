@@ -42,6 +42,18 @@ from robot_wm.sim.profiles import DynamicsProfile, load_profile
 EFFORT_WINDOW_STEPS = 2
 
 
+def applied_torque(qfrc_actuator: np.ndarray, velocity_force: np.ndarray, dqvel: np.ndarray, kv: np.ndarray,
+                   velocity_force_max: np.ndarray, joint_force_max: np.ndarray) -> np.ndarray:
+    """The drive torque that acted during a physics step (ArmSim and VecArmSim: any leading shape).
+
+    MuJoCo's ``qfrc_actuator`` is the drive's torque at the step's *starting* velocity; the
+    implicit integrator applies the velocity loop's damping at the *new* velocity, i.e. ``kv``
+    times the step's velocity change ``dqvel`` less, wherever neither the velocity actuator's force
+    range nor the joint's clamps the torque (there its derivative is zero)."""
+    free = (np.abs(velocity_force) < velocity_force_max) & (np.abs(qfrc_actuator) < joint_force_max)
+    return qfrc_actuator - np.where(free, kv * dqvel, 0.0)
+
+
 class CommandRejected(ValueError):
     """A velocity command was malformed; the arm stops instead of executing it."""
 
@@ -331,16 +343,10 @@ class ArmSim:
         )
 
     def _applied_effort(self, qvel_before: np.ndarray) -> np.ndarray:
-        """The drive torque that acted during the physics step just taken (from ``qvel_before``).
-
-        MuJoCo's ``qfrc_actuator`` is the drive's torque at the step's *starting* velocity; the
-        implicit integrator applies the velocity loop's damping at the *new* velocity, i.e.
-        ``kv`` times the step's velocity change less (wherever neither the velocity actuator's
-        force range nor the joint's clamps the torque: there its derivative is zero)."""
+        """The drive torque that acted during the physics step just taken (``applied_torque``)."""
         d = self.data
-        tau = d.qfrc_actuator[self._dof_i]
-        free = (np.abs(d.actuator_force[self._vel_i]) < self._vel_force_max) & (np.abs(tau) < self._joint_force_max)
-        return tau - np.where(free, self._kv * (d.qvel[self._dof_i] - qvel_before), 0.0)
+        return applied_torque(d.qfrc_actuator[self._dof_i], d.actuator_force[self._vel_i],
+                              d.qvel[self._dof_i] - qvel_before, self._kv, self._vel_force_max, self._joint_force_max)
 
     def _reported_effort(self) -> np.ndarray:
         """What the drive reports: its applied torque averaged over the last EFFORT_WINDOW_STEPS

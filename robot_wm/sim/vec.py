@@ -22,7 +22,7 @@ import numpy as np
 from mujoco import batch as mjbatch
 
 from robot_wm import description
-from robot_wm.sim.arm import EFFORT_WINDOW_STEPS, CommandRejected, check_q0
+from robot_wm.sim.arm import EFFORT_WINDOW_STEPS, CommandRejected, applied_torque, check_q0
 from robot_wm.sim.model import ArmModel, build_model
 from robot_wm.sim.profiles import DynamicsProfile, load_profile
 
@@ -111,7 +111,7 @@ class VecArmSim:
         self._vel_std = per_env([[p.velocity_noise_std_radps] for p in self.profiles])
         self._eff_std = per_env([[p.effort_noise_std_nm] for p in self.profiles])
         self._window = per_env([a.integral_window_rad for a in self._arms])
-        # the drive's reported torque: its applied torque over the last EFFORT_WINDOW_STEPS (ArmSim._applied_effort)
+        # the drive's reported torque: its applied torque over the last EFFORT_WINDOW_STEPS (arm.applied_torque)
         self._kv = per_env([p.velocity_gain_nms for p in self.profiles])
         self._vel_force_max = per_env([a.model.actuator_forcerange[a.vel_actuators, 1] for a in self._arms])
         self._joint_force_max = per_env([a.model.jnt_actfrcrange[[a.model.joint(n).id for n in a.joint_names], 1]
@@ -187,11 +187,9 @@ class VecArmSim:
         for _ in range(min(self.control_steps, EFFORT_WINDOW_STEPS)):  # the steps the reported effort averages over
             v0 = self._qvel[:, a.dof_adr].copy()
             self._batch.step(nstep=1, stage=stage)
-            tau = self._qfrc_actuator[:, a.dof_adr]
-            free = (np.abs(self._actuator_force[:, a.vel_actuators]) < self._vel_force_max) & (
-                np.abs(tau) < self._joint_force_max)
-            applied = tau - np.where(free, self._kv * (self._qvel[:, a.dof_adr] - v0), 0.0)
-            self._effort_window[rows, self._effort_steps % EFFORT_WINDOW_STEPS] = applied
+            self._effort_window[rows, self._effort_steps % EFFORT_WINDOW_STEPS] = applied_torque(
+                self._qfrc_actuator[:, a.dof_adr], self._actuator_force[:, a.vel_actuators],
+                self._qvel[:, a.dof_adr] - v0, self._kv, self._vel_force_max, self._joint_force_max)
             self._effort_steps += 1
         self._steps += self.control_steps
         # anti-windup, as ArmSim does at the end of every step() call

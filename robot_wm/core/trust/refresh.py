@@ -21,8 +21,8 @@ can graze a threshold that was never its own. ``CalibrationRefresh`` measures th
   few excursions to fit, not below the inherited threshold), kept between its floor and
   ``max_factor`` times the inherited threshold: a refresh may tighten freely (the new model is
   better) and loosen only that much (a model worse than its parent is the rollback's business,
-  ``swap.SwapWatch``). Without an effort model (an arm
-  without torque sensing) the interventions alone are a weak judge: the refresh only tightens;
+  ``swap.SwapWatch``). Without an effort model (an arm without torque sensing) the interventions
+  alone are a weak judge: the refresh only tightens;
 - the model-free thresholds and the effort model are kept as they are (the arm did not change
   with the model).
 

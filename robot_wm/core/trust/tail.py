@@ -19,8 +19,8 @@ with ξ kept in [0, 0.5] (``fit_gpd``): at the lightest an exponential tail, sin
 calibration cannot tell a bounded tail from an unlucky sample, and taking it for one would put the
 threshold at the largest value seen; at the heaviest a tail with finite variance. The threshold is
 never below the largest episode peak of the calibration (seen once in minutes: more often than
-once in hours), whatever the fit says. What this cannot do is see a heavier tail than minutes show: on smoothed Student-t noise
-(ξ ≈ 0.1) five minutes fit ξ ≤ 0, and a 0.3-per-hour threshold drops about once an hour; on the
+once in hours), whatever the fit says. What this cannot do is see a heavier tail than minutes
+show: on smoothed Student-t noise (ξ ≈ 0.1) five minutes fit ξ ≤ 0, and a 0.3-per-hour threshold drops about once an hour; on the
 arm's own signals (library mode, both profiles, 0.125 per hour and signal) an hour of held-out
 operation had no drop at all, against 5-12 with the per-period quantiles. Where the calibration
 is long enough to hold ``MIN_EMPIRICAL`` episodes at the target rate, the threshold is the
@@ -81,13 +81,6 @@ class TailFit:
     def to_dict(self) -> dict:
         """The fields, JSON-safe (σ and ξ of an empirical threshold are None)."""
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
-
-    def rate_at(self, x: float) -> float:
-        """The fitted episode rate per hour over level ``x`` (>= u)."""
-        z = max(x - self.u, 0.0) / self.sigma
-        if self.xi < 1e-9:
-            return self.rate_u_per_hour * math.exp(-z)
-        return self.rate_u_per_hour * (1.0 + self.xi * z) ** (-1.0 / self.xi)
 
 
 def persisted(values: np.ndarray, periods: int) -> np.ndarray:
