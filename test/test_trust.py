@@ -23,6 +23,7 @@ from robot_wm.core.trust import (
     disagreement,
     prediction_error,
 )
+from robot_wm.core.trust.signals import period_signals
 from robot_wm.core.trust import calibration as calib_io
 
 DT = 0.01
@@ -88,6 +89,20 @@ def test_the_signals_are_one_when_the_model_is_calibrated():
     assert 0.95 < float(np.sqrt(np.mean(np.square(errs)))) < 1.05
     assert disagreement(std_e, std_a) == pytest.approx(0.75)
     assert prediction_error(np.zeros(2), np.zeros(2), np.zeros(2), np.ones(2)) == pytest.approx(1e6)  # std floored
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 1e-9, 1e-3, 1.0]))
+def test_the_per_period_signals_are_the_reference_formulas(n, seed, std_scale):
+    """``period_signals`` (one pass over Python floats, the tracker's path) gives what the numpy
+    definitions give, tiny or zero stds included (the floor)."""
+    rng = np.random.default_rng(seed)
+    mean, q, qd = rng.normal(0, 1, 2 * n), rng.normal(0, 1, n), rng.normal(0, 1, n)
+    epi, ale = rng.uniform(0, 1, 2 * n) * std_scale, rng.uniform(0, 1, 2 * n) * std_scale
+    pe, dis, vel = period_signals(mean.tolist(), epi.tolist(), ale.tolist(), q.tolist(), qd.tolist())
+    assert pe == pytest.approx(prediction_error(mean, epi, ale, np.concatenate([q, qd])), rel=1e-9)
+    assert dis == pytest.approx(disagreement(epi[n:], ale[n:]), rel=1e-9)
+    assert vel == pytest.approx(float(np.sqrt(np.mean((mean[n:] - qd) ** 2))), rel=1e-9)
 
 
 def test_the_ewma_weighs_a_sample_by_the_time_it_covers():

@@ -74,6 +74,42 @@ def test_the_coupled_inertial_torques_are_pinocchios_rnea():
         np.testing.assert_allclose(inertial, (mass @ pa + coriolis)[kin._perm], atol=1e-8)
 
 
+def test_the_inverse_dynamics_follow_the_joint_order_asked_for():
+    """In the URDF's order pinocchio reads the arrays as they are (the trust monitor's fast path);
+    in any other order the torques come back in that order."""
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+
+    urdf = description.expand()
+    names = description.joint_limits(urdf).names
+    kin, rev = Kinematics(urdf, names), Kinematics(urdf, names[::-1])
+    assert kin._in_order and not rev._in_order
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        q, v, a = rng.uniform(-2, 2, 6), rng.normal(0, 1, 6), rng.normal(0, 3, 6)
+        g, inertial = kin.inverse_dynamics_nm(q, v, a)
+        g_rev, inertial_rev = rev.inverse_dynamics_nm(q[::-1], v[::-1], a[::-1])  # strided views, too
+        np.testing.assert_allclose(g_rev, g[::-1], atol=1e-9)
+        np.testing.assert_allclose(inertial_rev, inertial[::-1], atol=1e-9)
+        np.testing.assert_allclose(kin.tool_position_m(q[::-1][::-1]), rev.tool_position_m(q[::-1]), atol=1e-12)
+
+
+def test_the_per_period_effort_path_gives_the_feature_matrix_numbers():
+    """``update_state`` (Python floats, no feature matrix) and ``update`` (the regressors of
+    ``features``) are the same signal: period after period, with clipping and joint scales."""
+    rng = np.random.default_rng(3)
+    model = EffortModel(rng.normal(0, 1, (6, len(FEATURES))), rng.uniform(0.05, 1.0, 6), tau_s=0.03, clip_z=4.0,
+                        joint_scale=rng.uniform(0.5, 3.0, 6))
+    fast, ref = EffortSignal(model), EffortSignal(model)
+    for k in range(300):
+        g, m, v, a = rng.normal(0, 5, 6), rng.normal(0, 2, 6), rng.normal(0, 0.5, 6), rng.normal(0, 3, 6)
+        tau = rng.normal(0, 10 if k % 7 else 100, 6)  # now and then far past the clip
+        dt = DT if k % 11 else 2 * DT
+        assert fast.update_state(g, m, v, a, tau, dt) == pytest.approx(ref.update(features(g, m, v, a), tau, dt), rel=1e-9)
+    np.testing.assert_allclose(fast.update(features(g, m, v, a), tau, DT, per_joint=True),
+                               ref.update(features(g, m, v, a), tau, DT, per_joint=True), rtol=1e-9)
+
+
 @pytest.mark.parametrize("mutate,words", [
     (lambda d: d.update(features=["gravity", "acceleration", "velocity", "coulomb", "bias"]),
      "made with features ['gravity', 'acceleration', 'velocity', 'coulomb', 'bias'], this code uses"),

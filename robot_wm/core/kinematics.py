@@ -22,6 +22,7 @@ class Kinematics:
             raise ValueError(f"joint_names {list(joint_names)} do not match the URDF's joints {model_joints}")
         # q in joint_names order -> pinocchio's q layout (all joints here are 1-DOF revolute)
         self._perm = np.array([self.model.joints[self.model.getJointId(n)].idx_q for n in joint_names])
+        self._in_order = bool(np.array_equal(self._perm, np.arange(self.model.nq)))  # no permutation needed
         if not self.model.existFrame(tool_frame):
             raise ValueError(f"tool_frame {tool_frame!r} is not a frame of the URDF")
         self.tool_frame_id = self.model.getFrameId(tool_frame)
@@ -31,6 +32,8 @@ class Kinematics:
         q_rad = np.asarray(q_rad, dtype=float)
         if q_rad.shape != (len(self.joint_names),):
             raise ValueError(f"q_rad has shape {q_rad.shape}, expected ({len(self.joint_names)},)")
+        if self._in_order:
+            return np.ascontiguousarray(q_rad)  # pinocchio reads it, never writes it
         q = np.empty(self.model.nq)
         q[self._perm] = q_rad
         return q
@@ -70,6 +73,10 @@ class Kinematics:
         """Return (gravity torques g(q), coupled inertial torques M(q) a + C(q, v) v) of the URDF's arm
         (N·m, joint order): pinocchio's recursive Newton-Euler, the whole rigid-body model."""
         q = self._q(q_rad)
+        if self._in_order:  # the trust monitor's per-period path: no copies into pinocchio's layout
+            v, a = np.ascontiguousarray(v_radps, dtype=float), np.ascontiguousarray(a_radps2, dtype=float)
+            g = pin.computeGeneralizedGravity(self.model, self.data, q).copy()
+            return g, pin.rnea(self.model, self.data, q, v, a) - g
         v, a = np.empty(self.model.nv), np.empty(self.model.nv)
         v[self._perm], a[self._perm] = v_radps, a_radps2
         g = pin.computeGeneralizedGravity(self.model, self.data, q)[self._perm]

@@ -164,12 +164,13 @@ class EffortSignal:
             raise EffortModelError(f"effort clip_z={model.clip_z!r}: expected a positive number")
         self.model, self.tau_s, self.clip_z = model, float(model.tau_s), float(model.clip_z)
         n = model.coefficients.shape[0]
-        self._mean = np.zeros(n)
-        # the regression's columns, contiguous, and 1 / std: ``update_state`` needs no feature matrix
-        c = np.asarray(model.coefficients, dtype=float)
-        self._cols = [np.ascontiguousarray(c[:, k]) for k in range(c.shape[1])]
-        self._inv_std = 1.0 / np.asarray(model.residual_std_nm, dtype=float)
-        self._inv_scale = 1.0 / (np.ones(n) if model.joint_scale is None else np.asarray(model.joint_scale, dtype=float))
+        # per joint as Python floats: six joints are too few for numpy, whose per-call overhead was
+        # two thirds of this signal's time (9.6 µs a period with arrays, 3.1 µs with this loop)
+        scale = np.ones(n) if model.joint_scale is None else np.asarray(model.joint_scale, dtype=float)
+        self._joints = tuple(zip(np.asarray(model.coefficients, dtype=float).tolist(),
+                                 (1.0 / np.asarray(model.residual_std_nm, dtype=float)).tolist(),
+                                 (1.0 / scale).tolist()))
+        self._mean = [0.0] * n
         self._alpha_cache: tuple[float, float] = (-1.0, 0.0)
 
     def _alpha(self, dt_s: float) -> float:
@@ -178,30 +179,34 @@ class EffortSignal:
             self._alpha_cache = (dt, 1.0 - math.exp(-dt / self.tau_s))
         return self._alpha_cache[1]
 
-    def _add(self, z: np.ndarray, dt_s: float) -> float:
-        np.minimum(z, self.clip_z, out=z)  # np.clip's Python wrapper cost more than the rest of this work
-        np.maximum(z, -self.clip_z, out=z)
-        m = self._mean
-        m += self._alpha(dt_s) * (z - m)
-        return float(np.abs(m * self._inv_scale).max())
+    def _add(self, z: list[float], dt_s: float) -> float:
+        alpha, clip, m, worst = self._alpha(dt_s), self.clip_z, self._mean, 0.0
+        for j, (zj, (_, _, inv_scale)) in enumerate(zip(z, self._joints)):
+            zj = clip if zj > clip else (-clip if zj < -clip else zj)
+            mj = m[j] = m[j] + alpha * (zj - m[j])
+            r = abs(mj) * inv_scale
+            if r > worst:
+                worst = r
+        return worst
 
     def update(self, feats: np.ndarray, effort_nm: np.ndarray, dt_s: float, per_joint: bool = False):
         """Add one period's efforts (``dt_s`` since the previous); return the signal (``per_joint``:
         the joints' smoothed z-scores instead, unscaled)."""
-        value = self._add(self.model.z(feats, effort_nm), dt_s)  # z is a fresh array: clipped in place
-        return self._mean if per_joint else value
+        value = self._add(self.model.z(feats, effort_nm).tolist(), dt_s)
+        return np.array(self._mean) if per_joint else value
 
     def update_state(self, gravity_nm: np.ndarray, inertial_nm: np.ndarray, qdot_radps: np.ndarray,
                      qddot_radps2: np.ndarray, effort_nm: np.ndarray, dt_s: float) -> float:
         """``update(features(g, Mq̈ + Cq̇, q̇, q̈), effort, dt)`` without building the feature matrix
-        (the monitor's per-period path: the same numbers, a third of the time)."""
-        cg, cm, ca, cv, cc, cb = self._cols
-        pred = (cg * gravity_nm + cm * inertial_nm + ca * qddot_radps2 + cv * qdot_radps
-                + cc * np.tanh(qdot_radps / COULOMB_VELOCITY_RADPS) + cb)
-        return self._add((effort_nm - pred) * self._inv_std, dt_s)
+        (the monitor's per-period path: the same arithmetic, a third of the time)."""
+        tanh, vc = math.tanh, COULOMB_VELOCITY_RADPS
+        z = [(e - (c[0] * g + c[1] * m + c[2] * a + c[3] * v + c[4] * tanh(v / vc) + c[5])) * inv_std
+             for (c, inv_std, _), g, m, v, a, e in zip(self._joints, gravity_nm.tolist(), inertial_nm.tolist(),
+                                                       qdot_radps.tolist(), qddot_radps2.tolist(), effort_nm.tolist())]
+        return self._add(z, dt_s)
 
     def reset(self) -> None:
-        self._mean[:] = 0.0
+        self._mean = [0.0] * len(self._mean)
 
 
 __all__ = ["COULOMB_VELOCITY_RADPS", "FEATURES", "MIN_JOINT_SCALE", "EffortModel", "EffortModelError", "EffortSignal", "features"]

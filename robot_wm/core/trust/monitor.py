@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust.calibration import Calibration
@@ -92,9 +93,9 @@ class TrustConfig:
                 raise ValueError(f"TrustConfig.{name}={v!r}: expected a ratio >= 1")
 
 
-@dataclass(frozen=True)
-class TrustOutput:
-    """One period's verdict (the fields of msg/TrustState.msg but the phase).
+class TrustOutput(NamedTuple):
+    """One period's verdict (the fields of msg/TrustState.msg but the phase). A NamedTuple: made
+    every period, and a frozen dataclass's ``__init__`` cost three times as much.
 
     Attributes:
         level: the level in force.
@@ -129,6 +130,7 @@ class TrustMonitor:
         # per-signal state in SIGNALS order, as lists: the monitor runs every 10 ms, and the enum-keyed
         # dicts and Ewma objects this replaces were a third of its time (the same arithmetic as ``Ewma``)
         self._tau = tuple(float(t) for t in config.tau_s)
+        self._alpha_dt, self._alpha = -1.0, [0.0] * len(SIGNALS)  # per-signal EWMA weights for a period of _alpha_dt
         self._value = [0.0] * len(SIGNALS)  # the smoothed signals (Ewma with initial 0: quiet)
         self._over_since: list[float | None] = [None] * len(SIGNALS)
         self._last_t: float | None = None
@@ -188,11 +190,13 @@ class TrustMonitor:
         if prediction_error is not None:
             self._last_prediction_t = t_s
         values, th, clip, over_since = self._value, self._th, self._clip, self._over_since
+        if dt != self._alpha_dt:  # the EWMA weights of a period this long (the same dt period after period)
+            self._alpha_dt, self._alpha = dt, [1.0 - math.exp(-dt / tau) for tau in self._tau]
+        alphas = self._alpha
         for i, x in enumerate((prediction_error, disagreement, None if intervened is None else float(bool(intervened)),
                                effort_error)):
             if x is not None and clip[i] is not None and math.isfinite(x):
-                alpha = 1.0 - math.exp(-dt / self._tau[i])
-                values[i] += alpha * (min(float(x), clip[i]) - values[i])
+                values[i] += alphas[i] * (min(float(x), clip[i]) - values[i])
             if not values[i] / th[i] > 1.0:
                 over_since[i] = None
             elif over_since[i] is None:

@@ -59,6 +59,27 @@ def disagreement(epistemic_std: np.ndarray, aleatoric_std: np.ndarray) -> float:
     return math.sqrt(float(ratio @ ratio) / ratio.size)
 
 
+def period_signals(predicted: list[float], epistemic_std: list[float], aleatoric_std: list[float],
+                   q: list[float], qdot: list[float]) -> tuple[float, float, float]:
+    """This period's ``(prediction_error, disagreement, velocity RMS error)`` for a predicted state
+    (q, q̇) against the measured ``q``, ``qdot``: the numbers ``prediction_error(predicted, epi, ale,
+    q + qdot)``, ``disagreement`` over the velocities and the RMS of the velocity error (rad/s)
+    give, in one pass over Python floats (the monitor's per-period path: a dozen numbers are too
+    few for numpy's per-call overhead, 7.6 µs with arrays against 2.5 µs)."""
+    nq, floor = len(q), MIN_STD * MIN_STD
+    z2 = dis2 = v2 = 0.0
+    for i, (mu, e, a, x) in enumerate(zip(predicted, epistemic_std, aleatoric_std, q + qdot)):
+        var = e * e + a * a
+        d = x - mu
+        z2 += d * d / (var if var > floor else floor)
+        if i >= nq:
+            r = e / (a if a > MIN_STD else MIN_STD)
+            dis2 += r * r
+            v2 += d * d
+    nv = len(qdot)
+    return math.sqrt(z2 / (nq + nv)), math.sqrt(dis2 / nv), math.sqrt(v2 / nv)
+
+
 class Ewma:
     """Exponentially weighted moving average with a time constant ``tau_s`` (s).
 
@@ -87,4 +108,4 @@ class Ewma:
         self.value = self.initial
 
 
-__all__ = ["MIN_STD", "SIGNALS", "Ewma", "Signal", "disagreement", "prediction_error"]
+__all__ = ["MIN_STD", "SIGNALS", "Ewma", "Signal", "disagreement", "period_signals", "prediction_error"]

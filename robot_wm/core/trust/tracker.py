@@ -26,7 +26,7 @@ import numpy as np
 from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust.effort import EffortModel, EffortSignal, features
 from robot_wm.core.trust.monitor import TrustMonitor, TrustOutput
-from robot_wm.core.trust.signals import Signal, disagreement, prediction_error
+from robot_wm.core.trust.signals import Signal, period_signals
 
 _PE, _DIS, _INT, _EFF = (sig.value for sig in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION,
                                                Signal.EFFORT))
@@ -55,7 +55,7 @@ class TrustTracker:
         # the signal the model was calibrated with (its smoothing, clip and joint scales; the config's
         # effort_tau_s / effort_clip_z are what the next calibration uses)
         self.effort = EffortSignal(self.effort_model) if self.effort_model else None
-        self._pending: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending: list[tuple[float, list, list, list]] = []  # (for stamp, mean, epistemic, aleatoric std)
         self._prev: tuple[float, np.ndarray] | None = None  # (stamp, qdot) of the previous measurement
         self.raw: dict[str, float | None] = {}
         self._last_state: tuple | None = None  # (gravity, inertial, q̇, q̈) of the last measurement with efforts
@@ -71,10 +71,10 @@ class TrustTracker:
         mean, epi, ale = (np.asarray(a, dtype=float) for a in (next_state, epistemic_std, aleatoric_std))
         # one finiteness check for the three: a sum of squares (one C call each; a NaN or an infinity makes
         # it not finite, and so does a value too large to square, as in measurement)
-        if mean.shape != epi.shape or mean.shape != ale.shape or not math.isfinite(
+        if mean.ndim != 1 or mean.shape != epi.shape or mean.shape != ale.shape or not math.isfinite(
                 float(mean @ mean) + float(epi @ epi) + float(ale @ ale)):
             return  # a malformed prediction is no prediction (the node reports it)
-        self._pending.append((float(made_at_s) + self.dt_s, mean, epi, ale))
+        self._pending.append((float(made_at_s) + self.dt_s, mean.tolist(), epi.tolist(), ale.tolist()))
         del self._pending[:-8]
 
     def next_target_s(self) -> float | None:
@@ -108,13 +108,8 @@ class TrustTracker:
         self.last_velocity_error: float | None = None  # RMS of predicted - measured qdot, rad/s (this period)
         if pred is not None and finite:
             _, mean, epi, ale = pred
-            measured = np.concatenate([q, qd])
-            if measured.shape == mean.shape:
-                pe = prediction_error(mean, epi, ale, measured)
-                n = len(qd)
-                dis = disagreement(epi[n:], ale[n:])
-                diff = mean[n:] - qd
-                self.last_velocity_error = math.sqrt(float(diff @ diff) / n)
+            if len(mean) == len(q) + len(qd) and q.ndim == qd.ndim == 1:
+                pe, dis, self.last_velocity_error = period_signals(mean, epi, ale, q.tolist(), qd.tolist())
         if intervened is not None and self.monitor.level != TrustLevel.FULL:
             intervened = False
         self._last_state = None
