@@ -23,7 +23,7 @@ from robot_wm.core.trust import (
     disagreement,
     prediction_error,
 )
-from robot_wm.core.trust.signals import period_signals
+from robot_wm.core.trust.signals import ResponseLag, period_signals
 from robot_wm.core.trust import calibration as calib_io
 
 DT = 0.01
@@ -99,10 +99,41 @@ def test_the_per_period_signals_are_the_reference_formulas(n, seed, std_scale):
     rng = np.random.default_rng(seed)
     mean, q, qd = rng.normal(0, 1, 2 * n), rng.normal(0, 1, n), rng.normal(0, 1, n)
     epi, ale = rng.uniform(0, 1, 2 * n) * std_scale, rng.uniform(0, 1, 2 * n) * std_scale
-    pe, dis, vel = period_signals(mean.tolist(), epi.tolist(), ale.tolist(), q.tolist(), qd.tolist())
+    qd_from = rng.normal(0, 1, n)
+    pe, dis, vel, cross, power = period_signals(mean.tolist(), epi.tolist(), ale.tolist(), q.tolist(), qd.tolist(),
+                                                qd_from.tolist())
     assert pe == pytest.approx(prediction_error(mean, epi, ale, np.concatenate([q, qd])), rel=1e-9)
     assert dis == pytest.approx(disagreement(epi[n:], ale[n:]), rel=1e-9)
     assert vel == pytest.approx(float(np.sqrt(np.mean((mean[n:] - qd) ** 2))), rel=1e-9)
+    assert cross == pytest.approx(float((qd - mean[n:]) @ (mean[n:] - qd_from)), rel=1e-9, abs=1e-12)
+    assert power == pytest.approx(float((mean[n:] - qd_from) @ (mean[n:] - qd_from)), rel=1e-9)
+    assert period_signals(mean.tolist(), epi.tolist(), ale.tolist(), q.tolist(), qd.tolist())[3:] == (0.0, 0.0)
+
+
+def _lag_run(delay_periods: int, seconds: float = 6.0, seed: int = 0, moving: bool = True) -> np.ndarray:
+    """The response lag of a stiff velocity-controlled joint pair the model predicts answers its
+    command within a period (q̇' = u), on an arm whose commands arrive ``delay_periods`` late."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds / DT)
+    u = np.cumsum(rng.normal(0, 0.03, (n, 2)), axis=0) if moving else np.full((n, 2), 0.2)
+    lag, out, qd = ResponseLag(0.1), [], np.zeros(2)
+    for k in range(1, n):
+        predicted = u[k - 1]  # the model: the command sent at k-1 is the velocity at k
+        measured = u[max(k - 1 - delay_periods, 0)] + rng.normal(0, 0.002, 2)
+        *_, cross, power = period_signals([0.0, 0.0, *predicted], [1e-3] * 4, [1e-2] * 4, [0.0, 0.0],
+                                          measured.tolist(), qd.tolist())
+        out.append(lag.update(cross, power, DT))
+        qd = measured
+    return np.asarray(out[50:])
+
+
+def test_the_response_lag_reads_zero_when_the_arm_answers_as_predicted_and_rises_with_a_delay():
+    on_time, late, later, resting = _lag_run(0), _lag_run(1), _lag_run(3), _lag_run(3, moving=False)
+    assert np.percentile(np.abs(on_time), 99) < 0.15
+    # random-walk commands: a delay of d periods leaves d of the d + 1 increments the model expects
+    # to show undone, a slope of d / (d + 1)
+    assert np.median(late) == pytest.approx(0.5, abs=0.1) and np.median(later) == pytest.approx(0.75, abs=0.1)
+    assert np.abs(resting).max() < 0.05  # nothing predicted to change: nothing to judge (the floor)
 
 
 def test_the_ewma_weighs_a_sample_by_the_time_it_covers():

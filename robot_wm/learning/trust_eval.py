@@ -268,8 +268,9 @@ def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config:
             eff[i] = signal.update(run.features[i], run.effort_nm[i], dt_s)
     streams = {}
     for sig, tau in zip(SIGNALS, config.tau_s):
-        values = eff if sig is Signal.EFFORT else run.raw[sig.value]
-        streams[sig.value] = smooth(values[held], tau, dt_s)
+        values = eff if sig is Signal.EFFORT else run.raw.get(sig.value)
+        if values is not None and np.isfinite(values[held]).any():  # (a run recorded before the response lag: none)
+            streams[sig.value] = smooth(values[held], tau, dt_s)
     return calibrate(streams, exceedance, floors, model_version=model_version, source=source,
                      effort_model=effort.to_dict(), alarms_per_hour=alarms_per_hour, dt_s=dt_s,
                      min_duration_s=config.min_duration_s)

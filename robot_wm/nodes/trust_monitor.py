@@ -68,10 +68,11 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         d = TrustConfig()
         self.params = {
             "tau_s": list(declare(self, "tau_s", list(d.tau_s), "EWMA time constants (s) of prediction_error, "
-                                  "disagreement, intervention, effort_error", read_only=True)),
+                                  "disagreement, intervention, effort_error, response_lag", read_only=True)),
             **{name: declare(self, name, float(getattr(d, name)), doc, read_only=True) for name, doc in (
                 ("effort_tau_s", "per-joint smoothing of the signed effort z-scores (s), for the next calibration"),
                 ("effort_clip_z", "clip on each joint's effort z-score before that smoothing, for the next calibration"),
+                ("lag_tau_s", "window of the response lag's slope (s): calibrate again after changing it"),
                 ("min_duration_s", "a signal over its threshold this long counts (s)"),
                 ("slow_ratio", "one signal at this multiple of its threshold -> SLOW"),
                 ("clean_hold_s", "better evidence this long -> one level up (s)"),
@@ -83,7 +84,7 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         defaults = {"calibration_exceedance": 1e-4, "calibration_seconds": 600.0, "refresh_seconds": 600.0,
                     "refresh_max_factor": 1.5}
         for name in ("calibration_exceedance", "calibration_seconds", "floor_prediction_error", "floor_disagreement",
-                     "floor_intervention", "floor_effort_error", "refresh_seconds", "refresh_max_factor",
+                     "floor_intervention", "floor_effort_error", "floor_response_lag", "refresh_seconds", "refresh_max_factor",
                      "false_alarms_per_hour"):
             self.params[name] = declare(self, name, defaults.get(name, 0.0), "calibration (config/trust.yaml)",
                                         read_only=True)

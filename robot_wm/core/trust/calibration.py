@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from robot_wm.core.atomic import write_json
-from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Signal
+from robot_wm.core.trust.signals import BASE_SIGNALS, Signal
 from robot_wm.core.trust.tail import EPISODE_GAP_S, TailError, rate_threshold
 
 CALIBRATION_FORMAT = "robot_wm-trust-calibration/2"
@@ -109,7 +109,7 @@ def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[st
 
     Args:
         streams: signal name -> smoothed values, one per period (the base signals required;
-            ``effort_error`` with ``effort_model``).
+            ``effort_error`` with ``effort_model``; ``response_lag`` judged when given).
         exceedance: per-signal exceedance α.
         floors: signal name -> the smallest threshold allowed (config).
         model_version, source: provenance, kept in the result.
@@ -122,8 +122,8 @@ def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[st
     """
     thresholds: dict[str, float] = {}
     tails: dict[str, object] = {}
-    wanted = SIGNALS if effort_model is not None else BASE_SIGNALS
-    share = alarms_share(alarms_per_hour, effort_model is not None)
+    wanted = judged_signals(effort_model is not None, Signal.LAG.value in streams)
+    share = alarms_share(alarms_per_hour, len(wanted))
     for sig in wanted:
         if sig.value not in streams:
             raise CalibrationError(f"calibration: no values for signal {sig.value!r}")
@@ -138,9 +138,16 @@ def calibrate(streams: dict[str, np.ndarray], exceedance: float, floors: dict[st
                        tail={k: v for k, v in tails.items() if v is not None} or None)
 
 
-def alarms_share(alarms_per_hour: float | None, with_effort: bool) -> float | None:
-    """Each signal's share of the level drops per hour (an equal one; None: no rate target)."""
-    return alarms_per_hour / len(SIGNALS if with_effort else BASE_SIGNALS) if alarms_per_hour else None
+def judged_signals(with_effort: bool, with_lag: bool) -> tuple[Signal, ...]:
+    """The signals a calibration judges: the base ones, the effort signal with an effort model,
+    the response lag when it was calibrated (files made before it have none)."""
+    return BASE_SIGNALS + ((Signal.EFFORT,) if with_effort else ()) + ((Signal.LAG,) if with_lag else ())
+
+
+def alarms_share(alarms_per_hour: float | None, n_signals: int) -> float | None:
+    """Each of ``n_signals`` judged signals' share of the level drops per hour (an equal one; None:
+    no rate target)."""
+    return alarms_per_hour / n_signals if alarms_per_hour else None
 
 
 def signal_threshold(values: np.ndarray, exceedance: float, alarms_per_hour: float | None, dt_s: float,
@@ -196,7 +203,7 @@ def load(path: Path, model_version: str | None = None) -> Calibration:
     if not isinstance(thresholds, dict):
         raise CalibrationError(f"{path}: field 'thresholds' missing")
     effort = doc.get("effort_model")
-    wanted = SIGNALS if effort is not None else BASE_SIGNALS
+    wanted = judged_signals(effort is not None, Signal.LAG.value in thresholds)
     for sig in wanted:
         t = thresholds.get(sig.value)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
@@ -214,8 +221,8 @@ def load(path: Path, model_version: str | None = None) -> Calibration:
         raise CalibrationError(f"{path}: malformed trust calibration: {exc}") from exc
 
 
-__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "alarms_share", "calibrate", "conformal_quantile", "load",
-           "save", "signal_threshold"]
+__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "alarms_share", "calibrate", "conformal_quantile",
+           "judged_signals", "load", "save", "signal_threshold"]
 
 
 def with_floors(cal: Calibration, floors: dict[str, float]) -> Calibration:

@@ -47,8 +47,11 @@ class TrustConfig:
     """How the monitor smooths and judges its signals (config/trust.yaml).
 
     Attributes:
-        tau_s: EWMA time constant of (prediction_error, disagreement, intervention, effort_error), s
-            (the effort signal arrives smoothed per joint, ``effort_tau_s``: a short one here).
+        tau_s: EWMA time constant of (prediction_error, disagreement, intervention, effort_error,
+            response_lag), s (the effort signal arrives smoothed per joint, ``effort_tau_s``, and the
+            response lag over ``lag_tau_s``: short ones here).
+        lag_tau_s: the time constant of the response lag's two sums (``ResponseLag``), s: the
+            window of the slope it estimates (a calibration is made with the value in force).
         effort_tau_s: the per-joint smoothing of the signed effort z-scores (``EffortSignal``), s: what a
             calibration makes its effort model with (a model keeps the values it was calibrated with).
         effort_clip_z: the clip on each joint's effort z-score before that smoothing (likewise).
@@ -65,7 +68,8 @@ class TrustConfig:
             still drives it past the threshold.
     """
 
-    tau_s: tuple[float, float, float, float] = (0.03, 0.05, 0.5, 0.01)
+    tau_s: tuple[float, ...] = (0.03, 0.05, 0.5, 0.01, 0.01)
+    lag_tau_s: float = 0.1
     effort_tau_s: float = 0.03
     effort_clip_z: float = 8.0
     min_duration_s: float = 0.03
@@ -81,6 +85,8 @@ class TrustConfig:
         if len(self.tau_s) != len(SIGNALS) or not all(math.isfinite(t) and t > 0 for t in self.tau_s):
             raise ValueError(f"TrustConfig.tau_s={self.tau_s!r}: expected {len(SIGNALS)} positive time constants (s) "
                              f"for {[s.value for s in SIGNALS]}")
+        if not (math.isfinite(self.lag_tau_s) and self.lag_tau_s > 0):
+            raise ValueError(f"TrustConfig.lag_tau_s={self.lag_tau_s!r}: expected a positive time constant (s)")
         if not (math.isfinite(self.effort_tau_s) and self.effort_tau_s > 0):
             raise ValueError(f"TrustConfig.effort_tau_s={self.effort_tau_s!r}: expected a positive time constant (s)")
         for name in ("min_duration_s", "clean_hold_s", "human_after_s", "stale_s", "stop_stale_s"):
@@ -180,11 +186,12 @@ class TrustMonitor:
 
     # ------------------------------------------------------------------ the period
     def step(self, t_s: float, *, prediction_error: float | None, disagreement: float | None,
-             intervened: bool | None, effort_error: float | None = None) -> TrustOutput:
+             intervened: bool | None, effort_error: float | None = None,
+             response_lag: float | None = None) -> TrustOutput:
         """One period: update the signals given (None: not available this period), return the verdict.
 
-        A signal the calibration has no threshold for (the effort signal without an effort model)
-        is never over its threshold."""
+        A signal the calibration has no threshold for (the effort signal without an effort model,
+        the response lag in a calibration made before it) is never over its threshold."""
         dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)  # the first sample has no weight
         self._last_t = t_s
         if prediction_error is not None:
@@ -194,7 +201,7 @@ class TrustMonitor:
             self._alpha_dt, self._alpha = dt, [1.0 - math.exp(-dt / tau) for tau in self._tau]
         alphas = self._alpha
         for i, x in enumerate((prediction_error, disagreement, None if intervened is None else float(bool(intervened)),
-                               effort_error)):
+                               effort_error, response_lag)):
             if x is not None and clip[i] is not None and math.isfinite(x):
                 values[i] += alphas[i] * (min(float(x), clip[i]) - values[i])
             if not values[i] / th[i] > 1.0:

@@ -6,8 +6,8 @@ intervals, so the parent's thresholds are a sound start. They are the parent's, 
 model leaves the monitor blunter than it needs to be, and one whose ensemble spreads differently
 can graze a threshold that was never its own. ``CalibrationRefresh`` measures the new model's own:
 
-- it collects the smoothed **world-model signals** (prediction error, ensemble disagreement) of
-  the running model in periods with a fresh prediction that the **model-free signals** call
+- it collects the smoothed **world-model signals** (prediction error, ensemble disagreement, and
+  the response lag where the calibration judges it) of the running model in periods with a fresh prediction that the **model-free signals** call
   normal: the drives' effort under its threshold, and the filter's interventions, smoothed here
   from the filter's own status (the monitor stops counting them once its level is below FULL),
   under theirs; no operator in control, no HUMAN latch; for at least five of the world-model
@@ -37,13 +37,14 @@ import time
 
 import numpy as np
 
-from robot_wm.core.trust.calibration import Calibration, alarms_share, signal_threshold
+from robot_wm.core.trust.calibration import Calibration, alarms_share, judged_signals, signal_threshold
 from robot_wm.core.trust.monitor import TrustMonitor
 from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust.signals import SIGNALS, Ewma, Signal
 
-#: the signals a world model's swap changes (refreshed); the others judge whether a period is normal
-MODEL_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT)
+#: the signals a world model's swap changes (refreshed, those the calibration judges); the others
+#: judge whether a period is normal
+MODEL_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.LAG)
 MODEL_FREE_SIGNALS = (Signal.EFFORT, Signal.INTERVENTION)  # the judges of a normal period
 #: ``Calibration.source`` of a calibration re-issued for a child model (robot_wm.learning.online)
 INHERITED_PREFIX = "inherited from"
@@ -89,7 +90,8 @@ class CalibrationRefresh:
         self.inherited, self.floors, self.max_factor = inherited, dict(floors), float(max_factor)
         self.dt_s = float(dt_s)
         self.min_duration_s = float(min_duration_s)  # the monitor's persistence (a rate threshold's level drop)
-        self._values = {sig: np.empty(self.periods) for sig in MODEL_SIGNALS}
+        self.model_signals = tuple(sig for sig in MODEL_SIGNALS if inherited.judges(sig))
+        self._values = {sig: np.empty(self.periods) for sig in self.model_signals}
         self.collected = 0
         self.skipped = 0  # periods the model-free signals did not call normal, and those settling after them
         self._quiet = 0  # normal periods in a row
@@ -110,11 +112,15 @@ class CalibrationRefresh:
             taus = monitor.config.tau_s
             self._interventions = Ewma(taus[SIGNALS.index(Signal.INTERVENTION)],
                                        initial=monitor.smoothed(Signal.INTERVENTION) or 0.0)
-            self._settle = _SETTLE_TAUS * max(taus[SIGNALS.index(sig)] for sig in MODEL_SIGNALS) / self.dt_s
+            # (the response lag's sums have their own window, lag_tau_s, before the monitor's smoothing)
+            longest = max(taus[SIGNALS.index(sig)] for sig in self.model_signals)
+            if Signal.LAG in self.model_signals:
+                longest = max(longest, monitor.config.lag_tau_s)
+            self._settle = _SETTLE_TAUS * longest / self.dt_s
         smoothed_interventions = self._interventions.update(1.0 if intervened else 0.0, self.dt_s)
         if self.collected >= self.periods:
             return None
-        values = [monitor.smoothed(sig) for sig in MODEL_SIGNALS]
+        values = [monitor.smoothed(sig) for sig in self.model_signals]
         if not fresh_prediction or any(v is None or not math.isfinite(v) for v in values):
             return None  # nothing new measured (the smoothing was not fed either)
         if (monitor.operator or monitor.level == TrustLevel.HUMAN or intervened is None
@@ -128,7 +134,7 @@ class CalibrationRefresh:
             if self.collected:  # after an abnormal stretch (the first settling after the swap is not counted)
                 self.skipped += 1
             return None
-        for sig, v in zip(MODEL_SIGNALS, values):
+        for sig, v in zip(self.model_signals, values):
             self._values[sig][self.collected] = v
         self.collected += 1
         return self.result() if self.collected == self.periods else None
@@ -139,9 +145,9 @@ class CalibrationRefresh:
             raise ValueError(f"refresh: {self.collected} of {self.periods} normal periods collected")
         cal = self.inherited
         thresholds = dict(cal.thresholds)
-        share = alarms_share(cal.alarms_per_hour, cal.judges(Signal.EFFORT))
+        share = alarms_share(cal.alarms_per_hour, len(judged_signals(cal.judges(Signal.EFFORT), cal.judges(Signal.LAG))))
         tails = dict(cal.tail or {})
-        for sig in MODEL_SIGNALS:
+        for sig in self.model_signals:
             # the collected periods as one stream (the settling after an abnormal stretch left out)
             q, tails[sig.value] = signal_threshold(self._values[sig], cal.exceedance, share, self.dt_s,
                                                    self.min_duration_s)

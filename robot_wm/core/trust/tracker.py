@@ -26,10 +26,10 @@ import numpy as np
 from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust.effort import EffortModel, EffortSignal, features
 from robot_wm.core.trust.monitor import TrustMonitor, TrustOutput
-from robot_wm.core.trust.signals import Signal, period_signals
+from robot_wm.core.trust.signals import ResponseLag, Signal, period_signals
 
-_PE, _DIS, _INT, _EFF = (sig.value for sig in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION,
-                                               Signal.EFFORT))
+_PE, _DIS, _INT, _EFF, _LAG = (sig.value for sig in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT,
+                                                     Signal.INTERVENTION, Signal.EFFORT, Signal.LAG))
 
 
 class TrustTracker:
@@ -55,6 +55,7 @@ class TrustTracker:
         # the signal the model was calibrated with (its smoothing, clip and joint scales; the config's
         # effort_tau_s / effort_clip_z are what the next calibration uses)
         self.effort = EffortSignal(self.effort_model) if self.effort_model else None
+        self.lag = ResponseLag(monitor.config.lag_tau_s)
         self._pending: list[tuple[float, list, list, list]] = []  # (for stamp, mean, epistemic, aleatoric std)
         self._prev: tuple[float, np.ndarray] | None = None  # (stamp, qdot) of the previous measurement
         self.raw: dict[str, float | None] = {}
@@ -104,12 +105,19 @@ class TrustTracker:
         q, qd = np.asarray(q_rad, dtype=float), np.asarray(qdot_radps, dtype=float)
         finite = math.isfinite(float(q @ q) + float(qd @ qd))  # one check (an overflow counts as not finite)
         pred = self._prediction_for(t_s)
-        pe = dis = eff = None
+        pe = dis = eff = lag = None
         self.last_velocity_error: float | None = None  # RMS of predicted - measured qdot, rad/s (this period)
         if pred is not None and finite:
-            _, mean, epi, ale = pred
+            target, mean, epi, ale = pred
             if len(mean) == len(q) + len(qd) and q.ndim == qd.ndim == 1:
-                pe, dis, self.last_velocity_error = period_signals(mean, epi, ale, q.tolist(), qd.tolist())
+                # the response lag needs the q̇ the prediction started from: the previous measurement's,
+                # when that was the state it was made from (within half a period)
+                prev = self._prev
+                start = prev if prev is not None and abs(prev[0] - (target - self.dt_s)) <= 0.5 * self.dt_s else None
+                pe, dis, self.last_velocity_error, cross, power = period_signals(
+                    mean, epi, ale, q.tolist(), qd.tolist(), None if start is None else start[1].tolist())
+                if start is not None:
+                    lag = self.lag.update(cross, power, t_s - start[0])
         if intervened is not None and self.monitor.level != TrustLevel.FULL:
             intervened = False
         self._last_state = None
@@ -124,8 +132,10 @@ class TrustTracker:
                     eff = self.effort.update_state(*self._last_state, tau, step)
         if finite:
             self._prev = (float(t_s), qd.copy())
-        self.raw = {_PE: pe, _DIS: dis, _INT: None if intervened is None else float(bool(intervened)), _EFF: eff}
-        return self.monitor.step(t_s, prediction_error=pe, disagreement=dis, intervened=intervened, effort_error=eff)
+        self.raw = {_PE: pe, _DIS: dis, _INT: None if intervened is None else float(bool(intervened)), _EFF: eff,
+                    _LAG: lag}
+        return self.monitor.step(t_s, prediction_error=pe, disagreement=dis, intervened=intervened, effort_error=eff,
+                                 response_lag=lag)
 
 
 __all__ = ["TrustTracker"]
