@@ -16,6 +16,7 @@ from robot_wm.core.trust import (
     Calibration,
     CalibrationError,
     Ewma,
+    Signal,
     TrustConfig,
     TrustMonitor,
     calibrate,
@@ -23,8 +24,8 @@ from robot_wm.core.trust import (
     disagreement,
     prediction_error,
 )
-from robot_wm.core.trust.signals import ResponseLag, period_signals
 from robot_wm.core.trust import calibration as calib_io
+from robot_wm.core.trust.signals import ResponseLag, period_signals
 
 DT = 0.01
 THRESHOLDS = {"prediction_error": 2.0, "disagreement": 1.0, "intervention": 0.2}
@@ -79,6 +80,25 @@ def test_a_calibration_round_trips_and_is_refused_for_another_model(tmp_path):
     with pytest.raises(CalibrationError, match="cannot read"):
         calib_io.load(tmp_path / "missing.json")
     assert not list((tmp_path / "trust").glob("*.tmp"))  # the atomic write leaves nothing behind
+
+
+def test_the_response_lag_is_judged_only_by_a_calibration_that_has_its_threshold(tmp_path):
+    """A file made before the signal loads and never judges it; one made with it judges it, and a
+    bad value is refused by name."""
+    old = calib_io.load(calib_io.save(CAL, tmp_path / "old.json"))
+    new = Calibration({**THRESHOLDS, "response_lag": 0.4}, 1e-3, "wm-test", "test", 10_000)
+    assert not old.judges(Signal.LAG) and calib_io.load(calib_io.save(new, tmp_path / "new.json")).judges(Signal.LAG)
+    for cal, judged in ((old, False), (new, True)):
+        monitor = TrustMonitor(TrustConfig(), cal)
+        for k in range(300):
+            out = monitor.step(k * DT, prediction_error=0.5, disagreement=0.3, intervened=False, response_lag=0.9)
+        assert (out.evidence > TrustLevel.FULL) == judged, out.reason
+        assert ("response_lag 0.9" in out.reason) == judged, out.reason
+    doc = json.loads((tmp_path / "new.json").read_text())
+    doc["thresholds"]["response_lag"] = "high"
+    (tmp_path / "new.json").write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="thresholds.response_lag='high'"):
+        calib_io.load(tmp_path / "new.json")
 
 
 # ------------------------------------------------------------------------------- signals

@@ -194,8 +194,9 @@ def test_a_calibration_with_an_effort_model_round_trips_and_is_checked(tmp_path)
 def test_trust_yaml_loads_and_a_bad_value_names_the_parameter(tmp_path):
     config, settings = load_trust_config()
     assert config.stale_s < config.stop_stale_s and 0 < settings.exceedance < 1
-    assert set(settings.floor_map()) == {"prediction_error", "disagreement", "intervention", "effort_error"}
-    with pytest.raises(ValueError, match=r"tau_s=\(0.1,\): expected 4 positive time constants"):
+    assert set(settings.floor_map()) == {"prediction_error", "disagreement", "intervention", "effort_error",
+                                         "response_lag"}
+    with pytest.raises(ValueError, match=r"tau_s=\(0.1,\): expected 5 positive time constants"):
         config_from_params({"tau_s": [0.1]})
     with pytest.raises(ValueError, match="trust_monitor.calibration_exceedance=2.0"):
         config_from_params({"calibration_exceedance": 2.0})
@@ -207,11 +208,12 @@ def test_trust_yaml_loads_and_a_bad_value_names_the_parameter(tmp_path):
 
 # ------------------------------------------------------------------------------- library mode
 @pytest.mark.slow
-def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payload():
+def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payload_and_a_latency():
     """40 s of normal operation (shipped policy through the filter) calibrate the monitor at a
     coarse exceedance (1e-3 per signal and period: a few short excursions per minute are expected);
-    held-out normal operation then stays at FULL nearly all the time, and a 2.5 kg payload drops the
-    level within half a second, by the effort signal."""
+    held-out normal operation then stays at FULL nearly all the time, a 2.5 kg payload drops the
+    level within half a second, by the effort signal, and +30 ms of command latency by the
+    response lag, once the commands change."""
     from robot_wm.learning import trust_eval as te
     from robot_wm.learning.stack_eval import build_stack
 
@@ -219,7 +221,7 @@ def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payloa
     config = TrustConfig()
     normal = te.operate("nominal", 40.0, 1, config=config, stack=stack)
     cal = te.calibrate_run(normal, 1e-3, load_trust_config()[1].floor_map(), config, model_version="wm", source="test")
-    assert set(cal.thresholds) == {"prediction_error", "disagreement", "intervention", "effort_error"}
+    assert set(cal.thresholds) == {"prediction_error", "disagreement", "intervention", "effort_error", "response_lag"}
     quiet = te.operate("nominal", 16.0, 2, calibration=cal, config=config, stack=stack)
     full = np.flatnonzero(quiet.level == TrustLevel.FULL)
     assert full.size and quiet.t_s[full[0]] <= 7.0, quiet.events  # the start-up climb: 3 clean holds of 2 s
@@ -229,6 +231,11 @@ def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payloa
     assert latency is not None and latency <= 50, loaded.events  # the 100 ms target is bench_trust.py's
     first = next(e for e in loaded.events if e[0] >= 9.0)
     assert EFFORT_OVER.search(first[2]), first
+    late = te.operate("nominal", 13.0, 4, calibration=cal, config=config, stack=stack, fault=("latency", 9.0))
+    latency, excited = te.detection_latency_periods(late), te.excitation_delay_periods(late)
+    assert latency is not None and excited is not None and latency - excited <= 50, late.events
+    first = next(e for e in late.events if e[0] >= 9.0)
+    assert re.search(r"response_lag [0-9.e+-]+ > ", first[2]), first
 
 
 def test_the_excitation_clock_starts_at_the_first_command_change_after_the_onset():

@@ -103,7 +103,14 @@ class ResponseLag:
     docstring), the two sums of ``period_signals``, each EWMA over ``tau_s`` and weighed by the
     time a period covers: a least-squares slope of the velocity error on the predicted velocity
     change over the last ``tau_s``, negated (positive: the arm answers less, or later, than the
-    model predicts)."""
+    model predicts).
+
+    Each period's ``Σ e·Δv̂`` enters clipped to ±``Σ Δv̂²``: a period counts at most as the whole
+    predicted change missed (or made twice), so the signal stays within (−1, 1). Unclipped, an arm
+    still answering an older command (moving against the change the model predicts from the
+    newest one) made single periods of several times the change, and the ROS path's own command
+    delay, which jitters, gave the signal a tail no threshold could bound (live, nominal arm: a
+    threshold of 2.25 from a heavy-tailed fit)."""
 
     def __init__(self, tau_s: float) -> None:
         if not (math.isfinite(tau_s) and tau_s > 0):
@@ -117,6 +124,7 @@ class ResponseLag:
         if dt_s != self._alpha_cache[0]:
             self._alpha_cache = (dt_s, 1.0 - math.exp(-max(float(dt_s), 0.0) / self.tau_s))
         alpha = self._alpha_cache[1]
+        cross = -power if cross < -power else (power if cross > power else cross)
         self._cross += alpha * (cross - self._cross)
         self._power += alpha * (power - self._power)
         return -self._cross / (self._power + MIN_RESPONSE_POWER)
