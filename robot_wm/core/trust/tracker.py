@@ -15,7 +15,9 @@ intervention sample is 0, so the smoothed rate decays while the reduced level is
 ``raw`` holds the last period's unsmoothed signals (what calibration quantiles after smoothing).
 A prediction is used for the measurement whose stamp is within half a period of ``made_at + dt``;
 without one the period has no prediction signals (the monitor's ``stale_s`` turns a lasting gap
-into STOP). numpy + the kinematics (pinocchio); no rclpy.
+into STOP). The response lag also needs the q̇ the prediction started from: the previous
+measurement's, when its stamp is the prediction's ``made_at`` within half a period (else the
+period adds nothing to it). numpy + the kinematics (pinocchio); no rclpy.
 """
 from __future__ import annotations
 
