@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from robot_wm.core.trust.signals import EwmaWeight
+
 #: the per-joint regressors, in column order
 FEATURES = ("gravity", "inertial", "acceleration", "velocity", "coulomb", "bias")
 #: velocity at which the Coulomb regressor tanh(q̇ / v_c) is 76 % on (rad/s)
@@ -171,13 +173,7 @@ class EffortSignal:
                                  (1.0 / np.asarray(model.residual_std_nm, dtype=float)).tolist(),
                                  (1.0 / scale).tolist()))
         self._mean = [0.0] * n
-        self._alpha_cache: tuple[float, float] = (-1.0, 0.0)
-
-    def _alpha(self, dt_s: float) -> float:
-        dt = max(float(dt_s), 0.0)
-        if dt != self._alpha_cache[0]:
-            self._alpha_cache = (dt, 1.0 - math.exp(-dt / self.tau_s))
-        return self._alpha_cache[1]
+        self._alpha = EwmaWeight(self.tau_s)
 
     def _add(self, z: list[float], dt_s: float) -> float:
         alpha, clip, m, worst = self._alpha(dt_s), self.clip_z, self._mean, 0.0

@@ -98,6 +98,22 @@ def period_signals(predicted: list[float], epistemic_std: list[float], aleatoric
     return math.sqrt(z2 / (nq + nv)), math.sqrt(dis2 / nv), math.sqrt(v2 / nv), cross, power
 
 
+class EwmaWeight:
+    """The weight ``1 − exp(−dt / τ)`` of a sample covering ``dt`` seconds in an EWMA of time
+    constant ``tau_s``, kept for the last ``dt`` (the per-period signals see the same period
+    period after period, and ``exp`` is most of their arithmetic)."""
+
+    def __init__(self, tau_s: float) -> None:
+        self.tau_s = float(tau_s)
+        self._dt, self._weight = -1.0, 0.0
+
+    def __call__(self, dt_s: float) -> float:
+        dt = max(float(dt_s), 0.0)
+        if dt != self._dt:
+            self._dt, self._weight = dt, 1.0 - math.exp(-dt / self.tau_s)
+        return self._weight
+
+
 class ResponseLag:
     """``response_lag``: ``−EWMA(Σ e·Δv̂) / (EWMA(Σ Δv̂²) + MIN_RESPONSE_POWER)`` (see the module
     docstring), the two sums of ``period_signals``, each EWMA over ``tau_s`` and weighed by the
@@ -117,20 +133,15 @@ class ResponseLag:
             raise ValueError(f"response lag tau_s={tau_s!r}: expected a positive time constant (s)")
         self.tau_s = float(tau_s)
         self._cross = self._power = 0.0
-        self._alpha_cache: tuple[float, float] = (-1.0, 0.0)
+        self._weight = EwmaWeight(self.tau_s)
 
     def update(self, cross: float, power: float, dt_s: float) -> float:
         """Add one period's sums (``dt_s`` since the previous); return the signal."""
-        if dt_s != self._alpha_cache[0]:
-            self._alpha_cache = (dt_s, 1.0 - math.exp(-max(float(dt_s), 0.0) / self.tau_s))
-        alpha = self._alpha_cache[1]
+        alpha = self._weight(dt_s)
         cross = -power if cross < -power else (power if cross > power else cross)
         self._cross += alpha * (cross - self._cross)
         self._power += alpha * (power - self._power)
         return -self._cross / (self._power + MIN_RESPONSE_POWER)
-
-    def reset(self) -> None:
-        self._cross = self._power = 0.0
 
 
 class Ewma:
@@ -161,5 +172,5 @@ class Ewma:
         self.value = self.initial
 
 
-__all__ = ["MIN_RESPONSE_POWER", "MIN_STD", "SIGNALS", "Ewma", "ResponseLag", "Signal", "disagreement",
+__all__ = ["MIN_RESPONSE_POWER", "MIN_STD", "SIGNALS", "Ewma", "EwmaWeight", "ResponseLag", "Signal", "disagreement",
            "period_signals", "prediction_error"]
