@@ -257,6 +257,23 @@ def test_malformed_joint_state_is_a_latched_fault_with_a_controlled_stop(stack, 
     assert wait_for(lambda: _moving(client), 10.0), "arm did not resume after reset"
 
 
+def _stop_story(client: ArmClient, t_kill: float) -> str:
+    """What a slow stop looked like, for the failure message: the filter's states and the arm's
+    fastest joint, both by their stamps relative to the kill."""
+    rest = client.rest_after(t_kill)
+    lines = [f"at rest {rest:.3f} s after the policy died" if rest is not None else "not at rest"]
+    last = None
+    for m in list(client.statuses):
+        t = m.header.stamp.sec + 1e-9 * m.header.stamp.nanosec - t_kill
+        if t > -0.1 and (m.state, m.fault_kind) != last:
+            lines.append(f"  filter {t:+.3f} s {m.state_text} {m.fault_kind} {m.fault_reason[:80]}")
+            last = (m.state, m.fault_kind)
+    with client.lock:
+        after = [(s[5] - t_kill, float(np.abs(s[2]).max())) for s in client.states if s[5] >= t_kill - 0.1]
+    lines += [f"  arm {t:+.3f} s max|qdot| {v:.3f}" for t, v in after[::25]]
+    return "\n".join(lines[:120])
+
+
 def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ros_context):
     """The real policy node (ONNX, goals from the goal sequencer) drives the arm through the filter;
     SIGKILL on the policy process: its nominal goes stale and the filter brings the arm to rest."""
@@ -272,7 +289,7 @@ def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ro
         procs["policy"].process.send_signal(signal.SIGKILL)
         assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"still moving: {client.latest()[2]}"
         # stale after 5 periods (50 ms), then a controlled stop from at most ~1.5 rad/s at 10-15 rad/s^2
-        assert client.rest_after(t_kill) < 0.5, f"at rest {client.rest_after(t_kill):.3f} s after the policy died"
+        assert client.rest_after(t_kill) < 0.5, _stop_story(client, t_kill)
         assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT
                         and statuses[-1].fault_kind == "stale" and "nominal" in statuses[-1].fault_reason, 10.0), \
             statuses[-1:]

@@ -428,8 +428,10 @@ class SafetyFilter:
         self._tool_speed_lim = lim.tool_speed_max_mps * s_v
         self._speed_margin = 0.0 if not u_prev.any() else speed_polytope.speed_growth(
             jt, self._tool_jacobian(q + u_prev * (self._coast_s + dt)), u_prev, self._tool_speed_lim)
-        A[lay.speed, :n] = speed_polytope.speed_rows(jt, u_nom)
-        u[lay.speed] = (self._tool_speed_lim - self._speed_margin) * speed_polytope.SPEED_POLYTOPE_COS
+        # ... and by the part of the drive's tracking error (q̇ − u_prev) that would carry the tool faster
+        rows = A[lay.speed, :n] = speed_polytope.speed_rows(jt, u_nom)
+        u[lay.speed] = ((self._tool_speed_lim - self._speed_margin) * speed_polytope.SPEED_POLYTOPE_COS
+                        - speed_polytope.drive_error_tightening(rows, qd, u_prev, self._tool_speed_lim))
 
         # workspace barriers (table, keep-outs) of every monitored point, on the COMMAND:
         #   h + g·J u dt >= h − γ(h) + margins,  γ(h) = min(α h, dt v_b(h)) (h >= 0), 0 (h < 0)
