@@ -58,6 +58,8 @@ class DemoSummary:
     estop_to_rest_s: float | None
     resumed_after_reset: bool
     filter_states: dict[str, int]
+    # the filter's controlled stops by state and fault kind: "<periods> periods; first: <reason>"
+    filter_stops: dict[str, str]
     active_constraints: dict[str, int]
     qp_solve_us_p50: float
     qp_solve_us_p99: float
@@ -102,6 +104,7 @@ class _Monitor:
         self.pred_err: list[tuple[float, float]] = []
         self.trust: list[tuple[float, int, float, str]] = []  # (receipt, level, score, reason)
         self.events: list[tuple[float, str]] = []
+        self.stops: list[tuple[float, str, str]] = []  # (receipt, "STATE (kind)", reason) of STOPPING/FAULT periods
         self.goal: np.ndarray | None = None
         self.reference: list[tuple[float, np.ndarray]] = []  # track: (receipt time, reference now)
         self._pending_pred: tuple[float, np.ndarray] | None = None
@@ -122,9 +125,13 @@ class _Monitor:
                     self._pending_pred = None
 
         def on_status(msg):
+            now = time.monotonic()
             with self.lock:
-                self.status.append((time.monotonic(), msg.state, msg.state_text, msg.intervention_norm, msg.solve_time_s,
+                self.status.append((now, msg.state, msg.state_text, msg.intervention_norm, msg.solve_time_s,
                                     tuple(msg.active_constraints), tuple(msg.latches)))
+                if msg.state in (SafetyStatus.STOPPING, SafetyStatus.FAULT):
+                    kind = f"{msg.state_text} ({msg.fault_kind})" if msg.fault_kind else msg.state_text
+                    self.stops.append((now, kind, msg.fault_reason))
 
         def on_pred(msg):
             with self.lock:
@@ -430,6 +437,10 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     push_at = next((t for t, e in mon.events if e.startswith("operator: push")), None)
     in_push = (t_speed >= push_at) & (t_speed < push_at + PUSH_WINDOW_S) if push_at is not None else np.zeros(len(t_speed), bool)
     states = Counter(s[2] for s in status)
+    stops: dict[str, str] = {}
+    for kind, n in Counter(k for t, k, _ in mon.stops if t >= t0).items():
+        first = next(r for t, k, r in mon.stops if t >= t0 and k == kind)
+        stops[kind] = f"{n} periods; first: {first}"
     active = Counter(c for s in status for c in s[5])
     solve = np.array([s[4] for s in status if s[4] > 0]) * 1e6
     reached = [e for _, e in events if "reached" in e]
@@ -462,7 +473,7 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
         max_tool_speed_mps=float(speed[~in_push].max()) if (~in_push).any() else 0.0,
         max_tool_speed_during_push_mps=float(speed[in_push].max()) if in_push.any() else 0.0,
         tool_speed_limit_mps=limits.tool_speed_max_mps,
-        estop_to_rest_s=estop_to_rest, resumed_after_reset=resumed, filter_states=dict(states),
+        estop_to_rest_s=estop_to_rest, resumed_after_reset=resumed, filter_states=dict(states), filter_stops=stops,
         active_constraints=dict(active.most_common()),
         qp_solve_us_p50=float(np.percentile(solve, 50)) if len(solve) else 0.0,
         qp_solve_us_p99=float(np.percentile(solve, 99)) if len(solve) else 0.0,
@@ -512,6 +523,8 @@ def _print_summary(s: DemoSummary) -> None:
     rest = "never" if s.estop_to_rest_s is None else f"{s.estop_to_rest_s * 1e3:.0f} ms"
     print(f"e-stop -> arm at rest (|q̇| < 0.01 rad/s) after {rest}; resumed after reset: {s.resumed_after_reset}")
     print(f"filter states {s.filter_states}; intervention rate {100 * s.intervention_rate:.1f} % of the moving periods")
+    for kind, what in s.filter_stops.items():
+        print(f"filter stop {kind}: {what}")
     print(f"active constraints {dict(list(s.active_constraints.items())[:8])}")
     print(f"QP solve p50 {s.qp_solve_us_p50:.0f} us, p99 {s.qp_solve_us_p99:.0f} us; /joint_states {s.joint_states_hz:.0f} Hz")
     if s.trust_levels:

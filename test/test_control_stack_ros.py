@@ -294,6 +294,8 @@ def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ro
                         and statuses[-1].fault_kind == "stale" and "nominal" in statuses[-1].fault_reason, 10.0), \
             statuses[-1:]
         assert client.rest_after(t_kill) is not None  # and it stays at rest
+        assert wait_for(lambda: "controlled stop, FAULT (stale): stale input: nominal" in procs["safety_filter"].output(),
+                        10.0), procs["safety_filter"].output()[-2000:]
     finally:
         client.close()
 

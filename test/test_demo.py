@@ -73,6 +73,11 @@ def test_demo_runs_the_whole_stack_and_writes_its_report(spawn, tmp_path):
     assert summary["estop_to_rest_s"] is not None and summary["estop_to_rest_s"] < 0.3
     assert summary["resumed_after_reset"]
     assert summary["filter_states"].get("ESTOP", 0) > 100  # latched for the 3 s until the reset
+    # every controlled stop is accounted for, by kind, with the reason it began with
+    stopped = sum(int(what.split()[0]) for what in summary["filter_stops"].values())
+    assert stopped == summary["filter_states"].get("STOPPING", 0) + summary["filter_states"].get("FAULT", 0), summary
+    assert all(kind.split()[0] in ("STOPPING", "FAULT") and " periods; first: " in what
+               for kind, what in summary["filter_stops"].items()), summary["filter_stops"]
     assert summary["goals_reached"] >= 1
     assert summary["max_limit_overshoot_rad"] < 0.05  # well inside the URDF's limits
     assert set(summary["near_limit_fraction"]) == set(JOINT_NAMES)  # every joint, by name

@@ -149,6 +149,10 @@ def test_malformed_trust_and_wrench_messages_latch_a_fault_and_the_filter_lives(
     assert wait_for(healthy_trust_then_reset, 10.0)
     trust_pub.publish(TrustState(level=TrustState.LEVEL_FULL, phase=TrustState.PHASE_SIM))
     assert wait_for(lambda: _moving(client), 10.0)
+    # the operator's log says it once each way (the status topic says it every period)
+    assert wait_for(lambda: "controlled stop, FAULT (trust): " in filt.output() and "level=99" in filt.output()
+                    and "running again (" in filt.output(), 10.0), filt.output()[-3000:]
+    assert filt.output().count("controlled stop, FAULT (trust)") == 1, filt.output()[-3000:]
     # a wrench with a NaN in it: between two of the arm's own (good) wrenches, the filter must catch one
     bad = WrenchStamped()
     bad.header.frame_id = "ft_sensor_link"

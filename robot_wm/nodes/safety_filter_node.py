@@ -155,6 +155,8 @@ class SafetyFilterNode(ControlNode):
         self._wrench: WrenchSample | None = None
         self._trust: TrustSample | None = None
         self._reported: set[tuple[str, str]] = set()  # (callback, exception type) already logged
+        self._stop_logged: tuple[int, str] | None = None  # (state, fault kind) of the stop last logged
+        self._stop_periods = 0  # periods since that stop began
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_subscription(Float64MultiArray, nominal_topic, self._on_nominal, LATEST_ONLY)
         # best effort matches both kinds of F/T publisher: the sensor-data QoS of most drivers (a
@@ -382,9 +384,25 @@ class SafetyFilterNode(ControlNode):
             out = self.controller.internal_fault(exc)
         if out.traceback:
             self.get_logger().error(f"unexpected exception in a control period (controlled stop, FAULT latched):\n{out.traceback}")
+        self._log_stop(out)
         self._publish(out)
         if self.period_hook is not None:
             self.period_hook(PeriodRecord(self.state_stamp_ns, self.state_received_ns, start_ns, time.time_ns(), int(out.state)))
+
+    def _log_stop(self, out: ControllerOutput) -> None:
+        """One log line when the filter starts a controlled stop (STOPPING or FAULT, with its reason) and
+        one when it runs again: the status topic says it every period, an operator's log once."""
+        state = int(out.state)
+        if state in (FilterState.STOPPING, FilterState.FAULT):
+            key = (state, out.fault_kind.value if out.fault_kind is not None else "")
+            self._stop_periods += 1
+            if key != self._stop_logged:
+                self._stop_logged = key
+                self.get_logger().warning(f"controlled stop, {out.state_text}" + (f" ({key[1]})" if key[1] else "")
+                                          + f": {out.reason}")
+        elif state in (FilterState.OK, FilterState.FILTERING) and self._stop_logged is not None:
+            self.get_logger().info(f"running again ({out.state_text}) after {self._stop_periods} periods of controlled stop")
+            self._stop_logged, self._stop_periods = None, 0
 
     def _publish(self, out: ControllerOutput) -> None:
         self._cmd_pub.publish(Float64MultiArray(data=np.asarray(out.u_safe_radps, dtype=float).tolist()))
