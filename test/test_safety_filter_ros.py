@@ -262,3 +262,27 @@ def test_lifecycle_cycles_add_no_timers_and_keep_the_latches(ros_context):
         assert node.controller.supervisor.latch_names() == ("start",)
     finally:
         node.destroy_node()
+
+
+def test_a_nominal_flapping_around_its_stale_limit_is_logged_at_most_once_a_second(stack):
+    """A policy publishing at 12 Hz (its nominal goes stale after 5 periods, 50 ms) makes the filter
+    stop and run again a dozen times a second. Each stop is on the status topic; the operator's log
+    says it at most once a second, not 24 lines a second."""
+    from std_msgs.msg import Float64MultiArray
+
+    from robot_wm.msg import SafetyStatus
+
+    _, filt, client, source = stack
+    source.close()  # the test's 100 Hz source stops; a slow one takes over
+    pub = client.node.create_publisher(Float64MultiArray, "/robot_wm/action_nominal", 10)
+    t_wall = time.time()
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        pub.publish(Float64MultiArray(data=MOVE))
+        time.sleep(1.0 / 12.0)
+    states = [(s.state, s.fault_kind) for s in _statuses_after(client, t_wall)]
+    starts = sum(1 for a, b in zip(states, states[1:]) if a[0] != SafetyStatus.FAULT and b == (SafetyStatus.FAULT, "stale"))
+    assert starts >= 10, states[-50:]  # it did flap
+    assert wait_for(lambda: "controlled stop, FAULT (stale)" in filt.output(), 5.0), filt.output()[-2000:]
+    assert filt.output().count("controlled stop, FAULT (stale)") <= 5, filt.output()[-3000:]  # 3 s: at most 4, and one at start-up
+    assert filt.process.poll() is None

@@ -391,7 +391,8 @@ class SafetyFilterNode(ControlNode):
 
     def _log_stop(self, out: ControllerOutput) -> None:
         """One log line when the filter starts a controlled stop (STOPPING or FAULT, with its reason) and
-        one when it runs again: the status topic says it every period, an operator's log once."""
+        one when it runs again: the status topic says it every period, an operator's log once (at most
+        one line of each a second, so that an input flapping around its stale limit cannot flood it)."""
         state = int(out.state)
         if state in (FilterState.STOPPING, FilterState.FAULT):
             key = (state, out.fault_kind.value if out.fault_kind is not None else "")
@@ -399,9 +400,10 @@ class SafetyFilterNode(ControlNode):
             if key != self._stop_logged:
                 self._stop_logged = key
                 self.get_logger().warning(f"controlled stop, {out.state_text}" + (f" ({key[1]})" if key[1] else "")
-                                          + f": {out.reason}")
+                                          + f": {out.reason}", throttle_duration_sec=1.0)
         elif state in (FilterState.OK, FilterState.FILTERING) and self._stop_logged is not None:
-            self.get_logger().info(f"running again ({out.state_text}) after {self._stop_periods} periods of controlled stop")
+            self.get_logger().info(f"running again ({out.state_text}) after {self._stop_periods} periods of controlled stop",
+                                   throttle_duration_sec=1.0)
             self._stop_logged, self._stop_periods = None, 0
 
     def _publish(self, out: ControllerOutput) -> None:
