@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -55,6 +56,8 @@ from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 
 ANY_SENSOR = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)  # see the wrench subscription
 from robot_wm.nodes.model_swap import retire
+
+_DIGITS = re.compile(r"[0-9][0-9.e+-]*")  # the numbers in a stop's reason (ages, values)
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
 
@@ -155,8 +158,10 @@ class SafetyFilterNode(ControlNode):
         self._wrench: WrenchSample | None = None
         self._trust: TrustSample | None = None
         self._reported: set[tuple[str, str]] = set()  # (callback, exception type) already logged
-        self._stop_logged: tuple[int, str] | None = None  # (state, fault kind) of the stop last logged
+        self._stop_logged: tuple[int, str, str] | None = None  # (state, fault kind, reason) of the stop in progress
         self._stop_periods = 0  # periods since that stop began
+        self._stop_log_times: dict[tuple[int, str, str], float] = {}  # kind of stop -> when it was last logged
+        self._stop_quiet = False  # the stop in progress repeats one logged within the second: not logged
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_subscription(Float64MultiArray, nominal_topic, self._on_nominal, LATEST_ONLY)
         # best effort matches both kinds of F/T publisher: the sensor-data QoS of most drivers (a
@@ -391,19 +396,26 @@ class SafetyFilterNode(ControlNode):
 
     def _log_stop(self, out: ControllerOutput) -> None:
         """One log line when the filter starts a controlled stop (STOPPING or FAULT, with its reason) and
-        one when it runs again: the status topic says it every period, an operator's log once (at most
-        one line of each a second, so that an input flapping around its stale limit cannot flood it)."""
+        one when it runs again: the status topic says it every period, an operator's log once. The same
+        kind of stop again within a second (an input flapping around its stale limit) is not logged
+        again, nor is its end; a different kind always is."""
         state = int(out.state)
+        now = time.monotonic()
         if state in (FilterState.STOPPING, FilterState.FAULT):
-            key = (state, out.fault_kind.value if out.fault_kind is not None else "")
+            kind = out.fault_kind.value if out.fault_kind is not None else ""
+            key = (state, kind, _DIGITS.sub("#", out.reason))  # the same stop, whatever its numbers say
             self._stop_periods += 1
             if key != self._stop_logged:
                 self._stop_logged = key
-                self.get_logger().warning(f"controlled stop, {out.state_text}" + (f" ({key[1]})" if key[1] else "")
-                                          + f": {out.reason}", throttle_duration_sec=1.0)
+                last = self._stop_log_times.get(key)
+                self._stop_quiet = last is not None and now - last < 1.0
+                if not self._stop_quiet:
+                    self._stop_log_times[key] = now
+                    self.get_logger().warning(f"controlled stop, {out.state_text}" + (f" ({kind})" if kind else "")
+                                              + f": {out.reason}")
         elif state in (FilterState.OK, FilterState.FILTERING) and self._stop_logged is not None:
-            self.get_logger().info(f"running again ({out.state_text}) after {self._stop_periods} periods of controlled stop",
-                                   throttle_duration_sec=1.0)
+            if not self._stop_quiet:
+                self.get_logger().info(f"running again ({out.state_text}) after {self._stop_periods} periods of controlled stop")
             self._stop_logged, self._stop_periods = None, 0
 
     def _publish(self, out: ControllerOutput) -> None:
