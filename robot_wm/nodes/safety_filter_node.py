@@ -400,14 +400,13 @@ class SafetyFilterNode(ControlNode):
         kind of stop again within a second (an input flapping around its stale limit) is not logged
         again, nor is its end; a different kind always is."""
         state = int(out.state)
-        now = time.monotonic()
         if state in (FilterState.STOPPING, FilterState.FAULT):
             kind = out.fault_kind.value if out.fault_kind is not None else ""
             key = (state, kind, _DIGITS.sub("#", out.reason))  # the same stop, whatever its numbers say
             self._stop_periods += 1
             if key != self._stop_logged:
                 self._stop_logged = key
-                last = self._stop_log_times.get(key)
+                now, last = time.monotonic(), self._stop_log_times.get(key)
                 self._stop_quiet = last is not None and now - last < 1.0
                 if not self._stop_quiet:
                     self._stop_log_times[key] = now
