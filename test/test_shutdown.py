@@ -202,3 +202,46 @@ def test_bad_profile_is_a_clear_configuration_error(spawn, tmp_path):
     assert proc.process.returncode == 2, out
     assert "configuration error" in out and "missing.yaml" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("kind, code, says", [
+    ("destroy", 0, "stop stuck for 3 s while destroying node stuck_destroy; exiting (before_shutdown duties done)"),
+    ("callback", 1, "stop stuck for 3 s while spinning; exiting (before_shutdown duties NOT done)"),
+    ("gil", 1, "Timeout (0:00:04)!"),
+])
+def test_a_stop_that_hangs_still_ends_before_launch_escalates(spawn, kind, code, says):
+    """A node stuck in its teardown (a DDS deadlock, a callback that never returns, C code holding
+    the GIL) exits by itself after the stop grace period, printing where it was stuck and every
+    thread's stack: exit 0 only when its before_shutdown duties were done."""
+    proc = spawn([PYTHON, str(Path(__file__).with_name("stuck_node.py")), kind])
+    assert wait_for(lambda: "ready" in proc.output() or proc.process.poll() is not None, 60.0), proc.output()
+    assert proc.process.poll() is None, proc.output()
+    t0 = time.monotonic()
+    proc.process.send_signal(signal.SIGINT)
+    try:
+        got = proc.process.wait(timeout=30.0)  # without the watchdog: never
+    except Exception:  # noqa: BLE001 - report, then let the fixture kill it
+        pytest.fail(f"{kind}: still running 30 s after SIGINT:\n{proc.output()}")
+    took = time.monotonic() - t0
+    out = proc.output()
+    assert got == code, out
+    assert says in out, out
+    assert "most recent call first" in out and "stuck_node.py" in out, out  # the stacks say where
+    assert took >= 3.0, out  # the grace period is given in full
+    if kind != "callback":
+        assert "before_shutdown ran" in out, out
+
+
+def test_a_slow_before_shutdown_is_waited_for_not_cut_short(spawn):
+    """A driver's controlled stop may outlast the grace period: the watchdog says so and waits."""
+    proc = spawn([PYTHON, str(Path(__file__).with_name("stuck_node.py")), "slow_rest"])
+    assert wait_for(lambda: "ready" in proc.output() or proc.process.poll() is not None, 60.0), proc.output()
+    proc.process.send_signal(signal.SIGINT)
+    try:
+        got = proc.process.wait(timeout=30.0)
+    except Exception:  # noqa: BLE001 - report, then let the fixture kill it
+        pytest.fail(f"still running 30 s after SIGINT:\n{proc.output()}")
+    out = proc.output()
+    assert got == 0 and "before_shutdown ran" in out, out
+    assert "still running slow_rest's before_shutdown after 3 s; waiting for it" in out, out
+    assert "stop stuck" not in out and "most recent call first" not in out, out

@@ -1,0 +1,63 @@
+"""Nodes whose stop hangs, on demand (test/test_shutdown.py), started as
+``python test/stuck_node.py KIND``; each prints ``ready`` once it is where it will hang:
+
+- ``destroy``: before_shutdown runs, then destroy_node never returns (what a middleware deadlock
+  while freeing readers and writers looks like from Python, eProsima/Fast-DDS#6193);
+- ``callback``: a timer callback never returns, so the spin loop never sees the stop flag;
+- ``gil``: destroy_node waits in C code that holds the GIL (a C++ destructor that never releases it);
+- ``slow_rest``: before_shutdown takes 4.5 s (a driver bringing a real arm to rest), then all is well.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+
+from rclpy.node import Node
+
+from robot_wm.nodes.runner import main_for
+
+_FOREVER = threading.Event()
+
+
+class StuckDestroy(Node):
+    def __init__(self, context=None) -> None:
+        super().__init__("stuck_destroy", context=context)
+        print("ready", flush=True)
+
+    def before_shutdown(self) -> None:
+        print("before_shutdown ran", flush=True)
+
+    def destroy_node(self):
+        _FOREVER.wait()
+
+
+class StuckCallback(Node):
+    def __init__(self, context=None) -> None:
+        super().__init__("stuck_callback", context=context)
+        self.create_timer(0.01, self._tick)
+
+    def _tick(self) -> None:
+        print("ready", flush=True)
+        _FOREVER.wait()
+
+
+class StuckHoldingTheGil(StuckDestroy):
+    def destroy_node(self):
+        ctypes.PyDLL(None).sleep(60)  # PyDLL: the GIL stays held for the whole call
+
+
+class SlowRest(Node):
+    def __init__(self, context=None) -> None:
+        super().__init__("slow_rest", context=context)
+        print("ready", flush=True)
+
+    def before_shutdown(self) -> None:
+        time.sleep(4.5)
+        print("before_shutdown ran", flush=True)
+
+
+if __name__ == "__main__":
+    kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "slow_rest": SlowRest}
+    main_for(kinds[sys.argv.pop(1)], executor_kind="single")()
