@@ -1,15 +1,19 @@
-"""Nodes whose stop hangs, on demand (test/test_shutdown.py), started as
-``python test/stuck_node.py KIND``; each prints ``ready`` once it is where it will hang:
+"""Nodes whose stop hangs or misbehaves, on demand (test/test_shutdown.py), started as
+``python test/stuck_node.py KIND``; each prints ``ready`` once it is where the test wants it:
 
 - ``destroy``: before_shutdown runs, then destroy_node never returns (what a middleware deadlock
   while freeing readers and writers looks like from Python, eProsima/Fast-DDS#6193);
 - ``callback``: a timer callback never returns, so the spin loop never sees the stop flag;
 - ``gil``: destroy_node waits in C code that holds the GIL (a C++ destructor that never releases it);
-- ``slow_rest``: before_shutdown takes 4.5 s (a driver bringing a real arm to rest), then all is well.
+- ``slow_rest``: before_shutdown takes 4.5 s (a driver bringing a real arm to rest), then all is well;
+- ``gil_rest``: the same 4.5 s in C code that holds the GIL (a vendor SDK's blocking stop call);
+- ``raising_rest``: before_shutdown raises;
+- ``usr1``: the node has a SIGUSR1 handler of its own (a driver's), which must not start a stop.
 """
 from __future__ import annotations
 
 import ctypes
+import signal
 import sys
 import threading
 import time
@@ -21,10 +25,15 @@ from robot_wm.nodes.runner import main_for
 _FOREVER = threading.Event()
 
 
-class StuckDestroy(Node):
-    def __init__(self, context=None) -> None:
-        super().__init__("stuck_destroy", context=context)
+class Quiet(Node):
+    def __init__(self, context=None, name: str = "quiet") -> None:
+        super().__init__(name, context=context)
         print("ready", flush=True)
+
+
+class StuckDestroy(Quiet):
+    def __init__(self, context=None) -> None:
+        super().__init__(context, "stuck_destroy")
 
     def before_shutdown(self) -> None:
         print("before_shutdown ran", flush=True)
@@ -48,16 +57,36 @@ class StuckHoldingTheGil(StuckDestroy):
         ctypes.PyDLL(None).sleep(60)  # PyDLL: the GIL stays held for the whole call
 
 
-class SlowRest(Node):
+class SlowRest(Quiet):
     def __init__(self, context=None) -> None:
-        super().__init__("slow_rest", context=context)
-        print("ready", flush=True)
+        super().__init__(context, "slow_rest")
 
     def before_shutdown(self) -> None:
         time.sleep(4.5)
         print("before_shutdown ran", flush=True)
 
 
+class SlowRestHoldingTheGil(SlowRest):
+    def before_shutdown(self) -> None:
+        ctypes.PyDLL(None).usleep(4_500_000)
+        print("before_shutdown ran", flush=True)
+
+
+class RaisingRest(Quiet):
+    def __init__(self, context=None) -> None:
+        super().__init__(context, "raising_rest")
+
+    def before_shutdown(self) -> None:
+        raise RuntimeError("brake controller not answering")
+
+
+class OwnSignal(Quiet):
+    def __init__(self, context=None) -> None:
+        signal.signal(signal.SIGUSR1, lambda *_: print("SIGUSR1 handled", flush=True))
+        super().__init__(context, "own_signal")
+
+
 if __name__ == "__main__":
-    kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "slow_rest": SlowRest}
+    kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "slow_rest": SlowRest,
+             "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal}
     main_for(kinds[sys.argv.pop(1)], executor_kind="single")()

@@ -5,8 +5,8 @@ SIGTERM; a node killed that way can linger and leave Fast DDS shared-memory segm
 Here both signals set a flag, the executor loop notices it within ``_POLL_S`` and every node and
 the context are destroyed in order, so the process exits 0 with no traceback.
 
-A stop is bounded: from the first signal the process has ``STOP_GRACE_S`` to finish (see
-:class:`StopWatchdog`), less than the 5 s after which ``ros2 launch`` escalates to SIGTERM and SIGKILL.
+A stop is bounded: from the first signal the process has ``STOP_GRACE_S`` (3 s) to finish, less than
+the 5 s after which ``ros2 launch`` escalates to SIGTERM and SIGKILL (robot_wm.stop_watchdog).
 
 Executor: rclpy's EventsExecutor (``rclpy.experimental``; its dispatch loop is C++) by default —
 it spends about a third of the SingleThreadedExecutor's CPU per callback (bench/bench_control_path.py),
@@ -15,11 +15,11 @@ which on a loaded 2-core machine decides whether a 100 Hz control period is on t
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 
 import rclpy
@@ -31,9 +31,9 @@ from rclpy.signals import SignalHandlerOptions
 
 from robot_wm.realtime import apply_realtime
 from robot_wm.rosenv import apply_loopback_dds
+from robot_wm.stop_watchdog import StopWatchdog
 
 _POLL_S = 0.05  # how often the spin loop checks the stop flag (bounds shutdown latency)
-STOP_GRACE_S = 3.0  # from the first SIGINT/SIGTERM to a forced exit (ros2 launch escalates after 5 s)
 
 
 class NodeConfigError(ValueError):
@@ -86,65 +86,6 @@ class SpinThread:
 NodeFactory = Callable[[Context], Node]
 
 
-class StopWatchdog:
-    """Make a stop end in bounded time, and say where it was stuck when it would not.
-
-    Fast DDS can deadlock while a process destroys its readers and writers as its peers stop at the
-    same moment (eProsima/Fast-DDS#6193: "about 1 in 10 start/stop cycles", main thread waiting in
-    ``ResourceEvent::unregister_timer``); the process then ignores SIGINT and SIGTERM until launch
-    sends SIGKILL. A Python signal handler runs only once the main thread is back in the interpreter,
-    so the signal is also taken from ``signal.set_wakeup_fd`` by a daemon thread, which starts the
-    clock even while the main thread waits in C++. When ``grace_s`` has passed, the stage the stop is
-    in and every thread's stack go to stderr and the process exits: 0 when its nodes'
-    ``before_shutdown`` duties are done (what is left is freeing middleware resources), 1 when they
-    are not. A ``before_shutdown`` itself is never cut short (a driver's controlled stop of a real
-    arm takes what it takes; launch's SIGKILL still bounds it). A main thread that waits in C++
-    *holding* the GIL starves that thread; faulthandler's C thread backs it up a second later
-    (stacks, then exit 1).
-    """
-
-    def __init__(self, name: str, grace_s: float = STOP_GRACE_S) -> None:
-        self.name, self.grace_s = name, float(grace_s)
-        self.stage = "spinning"
-        self.in_before_shutdown = False  # the clock does not end a before_shutdown (a controlled stop)
-        self.duties_done = False
-        self._finished = threading.Event()
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._write_fd, False)
-        signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, name="robot_wm-stop-watchdog", daemon=True).start()
-
-    def begin(self) -> None:
-        """The stop has begun without a signal (a configuration error, an external shutdown)."""
-        try:
-            os.write(self._write_fd, b"\0")
-        except BlockingIOError:  # the pipe is full of signal bytes: the clock runs already
-            pass
-
-    def finish(self) -> None:
-        """The teardown is done: what is left is the interpreter's own exit (faulthandler bounds it)."""
-        self._finished.set()
-        signal.set_wakeup_fd(-1)
-
-    def _watch(self) -> None:
-        os.read(self._read_fd, 1)
-        waited = 0.0
-        while True:
-            faulthandler.dump_traceback_later(self.grace_s + 1.0, exit=True)
-            if self._finished.wait(self.grace_s):
-                return
-            waited += self.grace_s
-            if not self.in_before_shutdown:
-                break
-            # a driver bringing a real arm to rest is given the time it takes (launch's SIGKILL ends it)
-            os.write(2, f"[robot_wm] {self.name}: still {self.stage} after {waited:g} s; waiting for it\n".encode())
-        done = "done" if self.duties_done else "NOT done"
-        os.write(2, (f"[robot_wm] {self.name}: stop stuck for {waited:g} s while {self.stage}; exiting "
-                     f"(before_shutdown duties {done}). Thread stacks:\n").encode())
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        os._exit(0 if self.duties_done else 1)
-
-
 def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, executor_kind: str | None = None) -> int:
     """Create the nodes, spin them in one executor until SIGINT/SIGTERM, then tear down cleanly.
 
@@ -162,7 +103,6 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    watchdog = StopWatchdog(os.path.basename(sys.argv[0]) or "robot_wm")
     nodes: list[Node] = []
     code = 0
     try:
@@ -171,27 +111,42 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
         print(f"[robot_wm] configuration error: {exc}", file=sys.stderr)
         rclpy.shutdown(context=context)
         return 2
+    watchdog = StopWatchdog(os.path.basename(sys.argv[0]) or "robot_wm")
     try:
+        watchdog.hold("creating the nodes")
         for factory in factories:
             node = factory(context)
             nodes.append(node)
             executor.add_node(node)
         _realtime(nodes)
+        watchdog.release("spinning")
         while not stop.is_set() and context.ok():
             executor.spin_once(timeout_sec=_POLL_S)
     except NodeConfigError as exc:
         print(f"[robot_wm] configuration error: {exc}", file=sys.stderr)
-        code = 2
+        code = watchdog.code = 2
     except ExternalShutdownException:
         pass
+    except BaseException:
+        watchdog.failed = True  # the exception goes on out; a forced exit must not say 0
+        raise
     finally:
         watchdog.begin()
+        hooks_ok = True
         for node in reversed(nodes):
             before_shutdown = getattr(node, "before_shutdown", None)
             if before_shutdown is not None:
-                watchdog.stage, watchdog.in_before_shutdown = f"running {node.get_name()}'s before_shutdown", True
-                before_shutdown()
-        watchdog.duties_done, watchdog.in_before_shutdown = True, False
+                watchdog.hold(f"running {node.get_name()}'s before_shutdown")
+                try:
+                    before_shutdown()
+                except Exception:  # noqa: BLE001 - said, and the other nodes' duties still run
+                    hooks_ok, watchdog.failed = False, True
+                    print(f"[robot_wm] {node.get_name()}: before_shutdown failed:", file=sys.stderr)
+                    traceback.print_exc()
+        watchdog.duties_done = hooks_ok
+        if not hooks_ok:
+            code = watchdog.code = code or 1
+        watchdog.release("destroying the nodes")
         for node in reversed(nodes):
             watchdog.stage = f"destroying node {node.get_name()}"
             executor.remove_node(node)
