@@ -27,11 +27,13 @@ thread has armed the clock, faulthandler's C thread backs it up one second later
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 STOP_GRACE_S = 3.0  # from the first SIGINT/SIGTERM to a forced exit (ros2 launch escalates after 5 s)
 _START = {0, int(signal.SIGINT), int(signal.SIGTERM)}  # wakeup-fd bytes that start the clock (0: begin())
@@ -63,36 +65,57 @@ class StopWatchdog:
         self._thread = threading.Thread(target=self._watch, name="robot_wm-stop-watchdog", daemon=True)
         self._thread.start()
 
-    def hold(self, stage: str) -> None:
-        """Enter a stage the clock never ends (creating the nodes, a before_shutdown)."""
+    @contextlib.contextmanager
+    def held(self, stage: str) -> Iterator[None]:
+        """A stage the clock never ends (creating the nodes, a before_shutdown); a stop under way
+        gets ``grace_s`` from its end at least."""
         with self._lock:
             self.stage, self._held = stage, True
             faulthandler.cancel_dump_traceback_later()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held = False
+                if self._deadline is not None:
+                    self._deadline = max(self._deadline, time.monotonic() + self.grace_s)
+                    self._arm_backup()
 
-    def release(self, stage: str) -> None:
-        """Leave a held stage for ``stage``; a stop under way gets ``grace_s`` from now at least."""
+    def enter(self, stage: str) -> None:
+        """The stop (or the run) goes on in ``stage``, which the clock bounds."""
         with self._lock:
-            self.stage, self._held = stage, False
-            if self._deadline is not None:
-                self._deadline = max(self._deadline, time.monotonic() + self.grace_s)
-                self._arm_backup()
+            self.stage = stage
 
     def begin(self) -> None:
-        """The stop has begun, signal or not (a configuration error, an external shutdown)."""
-        try:
-            os.write(self._write_fd, b"\0")
-        except BlockingIOError:  # the pipe is full of signal bytes: the clock runs already
-            pass
-        except OSError:  # the pipe is closed: finish() has been called
-            pass
+        """The stop has begun, signal or not (a configuration error, an external shutdown, an
+        exception): the clock starts here unless the signal started it already."""
+        with self._lock:
+            self._start_clock()
+        if self._write_fd >= 0:
+            try:
+                os.write(self._write_fd, b"\0")
+            except OSError:  # full of signal bytes: the watchdog is awake already
+                pass
 
     def finish(self) -> None:
-        """The teardown is done; bound what is left (the interpreter's own exit) at ``2 * grace_s``."""
+        """The teardown is done; bound what is left of a stop (the interpreter's own exit) at ``2 * grace_s``."""
         with self._lock:
             self._finished.set()
-            faulthandler.dump_traceback_later(2 * self.grace_s, exit=True, file=_STDERR)
+            if self._deadline is not None:
+                faulthandler.dump_traceback_later(2 * self.grace_s, exit=True, file=_STDERR)
+            else:
+                faulthandler.cancel_dump_traceback_later()
         signal.set_wakeup_fd(self._previous_fd)
-        os.close(self._write_fd)  # a watchdog still waiting for a stop reads the end of the pipe
+        if self._write_fd >= 0:
+            os.close(self._write_fd)  # a watchdog still waiting for a stop reads the end of the pipe
+            self._write_fd = -1
+
+    def _start_clock(self) -> None:  # with the lock held
+        if self._deadline is None and not self._finished.is_set():
+            self._t_stop = time.monotonic()
+            self._deadline = self._t_stop + self.grace_s
+            if not self._held:
+                self._arm_backup()
 
     def _arm_backup(self) -> None:  # with the lock held
         faulthandler.dump_traceback_later(max(self._deadline - time.monotonic(), 0.0) + 1.0, exit=True, file=_STDERR)
@@ -108,10 +131,7 @@ class StopWatchdog:
         with self._lock:
             if self._finished.is_set():
                 return
-            self._t_stop = time.monotonic()
-            self._deadline = self._t_stop + self.grace_s
-            if not self._held:
-                self._arm_backup()
+            self._start_clock()
         while True:
             with self._lock:
                 held, remaining = self._held, self._deadline - time.monotonic()
@@ -120,8 +140,8 @@ class StopWatchdog:
             if self._finished.wait(self.grace_s if held else remaining):
                 return
             if self._held:
-                os.write(_STDERR, f"[robot_wm] {self.name}: still {self.stage} {self._since():.1f} s after the stop "
-                         "began; waiting for it\n".encode())
+                _say(f"[robot_wm] {self.name}: still {self.stage} {self._since():.1f} s after the stop began; "
+                     "waiting for it\n")
 
     def _since(self) -> float:
         return time.monotonic() - (self._t_stop or time.monotonic())
@@ -131,10 +151,21 @@ class StopWatchdog:
             return
         code = self.code or (1 if self.failed or not self.duties_done else 0)
         done = "done" if self.duties_done else "NOT done"
-        os.write(_STDERR, (f"[robot_wm] {self.name}: stop stuck {self._since():.1f} s after it began, while "
-                           f"{self.stage}; exiting {code} (before_shutdown duties {done}). Thread stacks:\n").encode())
-        faulthandler.dump_traceback(file=_STDERR, all_threads=True)
+        _say(f"[robot_wm] {self.name}: stop stuck {self._since():.1f} s after it began, while {self.stage}; "
+             f"exiting {code} (before_shutdown duties {done}). Thread stacks:\n")
+        try:
+            faulthandler.dump_traceback(file=_STDERR, all_threads=True)
+        except (OSError, RuntimeError):  # stderr gone: exit all the same
+            pass
         os._exit(code)
+
+
+def _say(text: str) -> None:
+    """To stderr by descriptor, never raising (a reader that is gone must not stop the watchdog)."""
+    try:
+        os.write(_STDERR, text.encode())
+    except OSError:
+        pass
 
 
 __all__ = ["STOP_GRACE_S", "StopWatchdog"]

@@ -5,8 +5,9 @@
   while freeing readers and writers looks like from Python, eProsima/Fast-DDS#6193);
 - ``callback``: a timer callback never returns, so the spin loop never sees the stop flag;
 - ``gil``: destroy_node waits in C code that holds the GIL (a C++ destructor that never releases it);
-- ``slow_rest``: before_shutdown takes 4.5 s (a driver bringing a real arm to rest), then all is well;
-- ``gil_rest``: the same 4.5 s in C code that holds the GIL (a vendor SDK's blocking stop call);
+- ``gil_bare``: the same in a node without before_shutdown (nothing lets the watchdog's thread run);
+- ``slow_rest``: before_shutdown takes 5.5 s (a driver bringing a real arm to rest), then all is well;
+- ``gil_rest``: the same 5.5 s in C code that holds the GIL (a vendor SDK's blocking stop call);
 - ``raising_rest``: before_shutdown raises;
 - ``usr1``: the node has a SIGUSR1 handler of its own (a driver's), which must not start a stop.
 """
@@ -57,18 +58,26 @@ class StuckHoldingTheGil(StuckDestroy):
         ctypes.PyDLL(None).sleep(60)  # PyDLL: the GIL stays held for the whole call
 
 
+class BareHoldingTheGil(Quiet):
+    def __init__(self, context=None) -> None:
+        super().__init__(context, "bare")
+
+    def destroy_node(self):
+        ctypes.PyDLL(None).sleep(60)
+
+
 class SlowRest(Quiet):
     def __init__(self, context=None) -> None:
         super().__init__(context, "slow_rest")
 
     def before_shutdown(self) -> None:
-        time.sleep(4.5)
+        time.sleep(5.5)
         print("before_shutdown ran", flush=True)
 
 
 class SlowRestHoldingTheGil(SlowRest):
     def before_shutdown(self) -> None:
-        ctypes.PyDLL(None).usleep(4_500_000)
+        ctypes.PyDLL(None).usleep(5_500_000)
         print("before_shutdown ran", flush=True)
 
 
@@ -87,6 +96,7 @@ class OwnSignal(Quiet):
 
 
 if __name__ == "__main__":
-    kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "slow_rest": SlowRest,
+    kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "gil_bare": BareHoldingTheGil,
+             "slow_rest": SlowRest,
              "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal}
     main_for(kinds[sys.argv.pop(1)], executor_kind="single")()

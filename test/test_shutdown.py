@@ -227,6 +227,7 @@ def _stopped(proc, sig=signal.SIGINT, timeout_s: float = 30.0) -> tuple[int, flo
     ("destroy", 0, "while destroying node stuck_destroy; exiting 0 (before_shutdown duties done)"),
     ("callback", 1, "while spinning; exiting 1 (before_shutdown duties NOT done)"),
     ("gil", 1, "Timeout (0:00:0"),
+    ("gil_bare", 1, "Timeout (0:00:0"),
 ])
 def test_a_stop_that_hangs_still_ends_before_launch_escalates(spawn, kind, code, says):
     """A node stuck in its teardown (a DDS deadlock, a callback that never returns, C code holding
@@ -237,7 +238,7 @@ def test_a_stop_that_hangs_still_ends_before_launch_escalates(spawn, kind, code,
     assert says in out, out
     assert "most recent call first" in out and "stuck_node.py" in out, out  # the stacks say where
     assert took >= 3.0, out  # the grace period is given in full
-    if kind != "callback":
+    if kind in ("destroy", "gil"):
         assert "before_shutdown ran" in out, out
 
 
@@ -247,7 +248,7 @@ def test_a_slow_before_shutdown_is_waited_for_not_cut_short(spawn, kind):
     the GIL: it runs to its end, and the teardown after it gets the full grace period."""
     got, took, out = _stopped(_stuck(spawn, kind))
     assert got == 0 and "before_shutdown ran" in out, out
-    assert took >= 4.5, out
+    assert took >= 5.5, out
     assert "stop stuck" not in out and "Timeout" not in out and "most recent call first" not in out, out
     if kind == "slow_rest":  # (the watchdog's thread cannot say it while C code holds the GIL)
         assert "still running slow_rest's before_shutdown" in out and "waiting for it" in out, out

@@ -113,13 +113,13 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
         return 2
     watchdog = StopWatchdog(os.path.basename(sys.argv[0]) or "robot_wm")
     try:
-        watchdog.hold("creating the nodes")
-        for factory in factories:
-            node = factory(context)
-            nodes.append(node)
-            executor.add_node(node)
-        _realtime(nodes)
-        watchdog.release("spinning")
+        with watchdog.held("creating the nodes"):
+            for factory in factories:
+                node = factory(context)
+                nodes.append(node)
+                executor.add_node(node)
+            _realtime(nodes)
+        watchdog.enter("spinning")
         while not stop.is_set() and context.ok():
             executor.spin_once(timeout_sec=_POLL_S)
     except NodeConfigError as exc:
@@ -132,37 +132,47 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
         raise
     finally:
         watchdog.begin()
-        hooks_ok = True
-        for node in reversed(nodes):
-            before_shutdown = getattr(node, "before_shutdown", None)
-            if before_shutdown is not None:
-                watchdog.hold(f"running {node.get_name()}'s before_shutdown")
-                try:
-                    before_shutdown()
-                except Exception:  # noqa: BLE001 - said, and the other nodes' duties still run
-                    hooks_ok, watchdog.failed = False, True
-                    print(f"[robot_wm] {node.get_name()}: before_shutdown failed:", file=sys.stderr)
-                    traceback.print_exc()
-        watchdog.duties_done = hooks_ok
-        if not hooks_ok:
-            code = watchdog.code = code or 1
-        watchdog.release("destroying the nodes")
-        for node in reversed(nodes):
-            watchdog.stage = f"destroying node {node.get_name()}"
-            executor.remove_node(node)
-            node.destroy_node()
-        watchdog.stage = "shutting down the executor and the rclpy context"
-        executor.shutdown(timeout_sec=1.0)
-        if context.ok():
-            rclpy.shutdown(context=context)
-        watchdog.finish()
-        # The process is stopping: ignore further SIGINT/SIGTERM until it has exited. On Ctrl-C under
-        # `ros2 launch` a node gets SIGINT twice (from the terminal's process group, then forwarded by
-        # launch), and the interpreter's finalization puts the default handlers back in place of
-        # Python ones, so a second signal then would kill the process (exit -2, "process has died").
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+        try:
+            if not _before_shutdown(nodes, watchdog):
+                code = watchdog.code = code or 1
+            for node in reversed(nodes):
+                watchdog.enter(f"destroying node {node.get_name()}")
+                executor.remove_node(node)
+                node.destroy_node()
+            watchdog.enter("shutting down the executor and the rclpy context")
+            executor.shutdown(timeout_sec=1.0)
+            if context.ok():
+                rclpy.shutdown(context=context)
+        except BaseException:
+            watchdog.failed = True
+            raise
+        finally:
+            watchdog.finish()
+            # The process is stopping: ignore further SIGINT/SIGTERM until it has exited. On Ctrl-C under
+            # `ros2 launch` a node gets SIGINT twice (from the terminal's process group, then forwarded by
+            # launch), and the interpreter's finalization puts the default handlers back in place of
+            # Python ones, so a second signal then would kill the process (exit -2, "process has died").
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
     return code
+
+
+def _before_shutdown(nodes: list[Node], watchdog: StopWatchdog) -> bool:
+    """Run every node's ``before_shutdown`` (last created first); False if one failed (each is said)."""
+    ok = True
+    for node in reversed(nodes):
+        hook = getattr(node, "before_shutdown", None)
+        if hook is None:
+            continue
+        try:
+            with watchdog.held(f"running {node.get_name()}'s before_shutdown"):
+                hook()
+        except BaseException:  # noqa: BLE001 - said; the other nodes' duties and the teardown still run
+            ok, watchdog.failed = False, True
+            print(f"[robot_wm] {node.get_name()}: before_shutdown failed:", file=sys.stderr)
+            traceback.print_exc()
+    watchdog.duties_done = ok
+    return ok
 
 
 def _realtime(nodes: list[Node]) -> None:
