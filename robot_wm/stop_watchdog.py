@@ -20,9 +20,10 @@ Held stages are never cut short: creating the nodes (a model still loading) and 
 ``before_shutdown`` (a driver's controlled stop of a real arm takes what it takes; launch's SIGKILL
 still bounds it). The watchdog says it is waiting, and the next stage gets a full ``grace_s``.
 
-A main thread that waits in C++ *holding* the GIL starves the watchdog thread. So whenever that
-thread has armed the clock, faulthandler's C thread backs it up one second later (its
-``Timeout (0:00:04)!``, the stacks, exit 1). It is not armed during held stages, and
+A main thread that waits in C++ *holding* the GIL starves the watchdog thread. So whenever the
+clock runs (started by that thread, or by :meth:`StopWatchdog.begin` in the main thread before any
+teardown), faulthandler's C thread backs it up one second after the deadline (its ``Timeout
+(0:00:0...)!``, the stacks, exit 1). It is not armed during held stages, and
 :meth:`StopWatchdog.finish` re-arms it to bound the interpreter's own exit at ``2 * grace_s``.
 """
 from __future__ import annotations
