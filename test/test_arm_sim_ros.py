@@ -23,6 +23,11 @@ def arm(spawn, ros_context):
     client = ArmClient(ros_context)
     try:
         assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()
+        # and the arm hears this client's commands: discovery matches the two directions separately, and
+        # commands published before the arm's reader matched are lost (CI once saw the arm start ~0.45 s
+        # into a 1 s command: 0.17 rad moved instead of 0.3)
+        assert wait_for(lambda: client.pub.get_subscription_count() > 0, 30.0), \
+            "arm_sim never subscribed to the commands:\n" + proc.output()
         yield proc, client
     finally:
         client.close()

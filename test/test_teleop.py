@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from robot_wm.core.safety.limits import TrustLevel
@@ -53,19 +53,25 @@ def test_a_joint_jog_is_clipped_per_joint_and_bad_messages_are_refused(kin):
 @settings(max_examples=60, deadline=None)
 @given(dq=st.lists(st.floats(-0.4, 0.4), min_size=6, max_size=6),
        v=st.lists(st.floats(-0.05, 0.05), min_size=3, max_size=3))
+@example(dq=[0.0, -0.390625, -0.375, 0.0, 0.0, 0.0], v=[0.0, 0.046875, 0.0])  # σ_min 0.13 (CI, 2026-12-06)
 def test_a_tool_twist_moves_the_tool_in_the_base_frame_as_asked(kin, dq, v):
-    """Away from singularities, small twists are followed (J q̇ ≈ twist); large ones keep their
-    direction when scaled into the per-joint caps."""
+    """A twist is followed as damped least squares promises: J q̇ = J Jᵀ (J Jᵀ + λ² I)⁻¹ x misses
+    the twist x by λ² (J Jᵀ + λ² I)⁻¹ x, at most λ² / (σ_min² + λ²) of it, at every posture. Away
+    from singularities (σ_min ≥ 3 λ) that is within 10 %, and large twists keep their direction
+    when scaled into the per-joint caps. (Hypothesis found σ_min = 0.13, where the old "10 % once
+    σ_min ≥ 0.05" could not hold: at σ_min = λ the damping halves that component by design.)"""
     q = HOME + np.asarray(dq)
     jac = kin.tool_jacobian(q)
-    if np.linalg.svd(jac, compute_uv=False)[-1] < 0.05:
-        return  # near a singularity DLS trades accuracy for bounded speed, by design
-    t = Teleop(kin, CAP * 10)
+    sigma = np.linalg.svd(jac, compute_uv=False)[-1]
+    t = Teleop(kin, CAP * 10)  # caps far above what these twists need: no clipping
     t.twist(0.0, v, [0, 0, 0])
     qd = t.command(0.0, q)
-    achieved = jac @ qd
-    assert np.linalg.norm(achieved[:3] - v) <= 0.1 * np.linalg.norm(v) + 1e-3
-    assert np.linalg.norm(achieved[3:]) <= 0.1 * np.linalg.norm(v) / 0.05 + 1e-3
+    miss = np.linalg.norm(jac @ qd - np.r_[v, 0.0, 0.0, 0.0])
+    lam2 = t.damping ** 2
+    assert miss <= lam2 / (sigma ** 2 + lam2) * np.linalg.norm(v) + 1e-9
+    if sigma < 3 * t.damping:
+        return  # near a singularity DLS trades accuracy for bounded speed, by design
+    assert miss <= 0.1 * np.linalg.norm(v) + 1e-9
     big = Teleop(kin, CAP)
     big.twist(0.0, np.asarray(v) * 100, [0, 0, 0])
     qd_big = big.command(0.0, q)
