@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 EPILOG = """\
 examples:
@@ -42,16 +43,16 @@ set ROBOT_WM_DDS=system to manage DDS yourself (e.g. robot PC + GPU box).
 """
 
 
-def _cmd_sim(args: argparse.Namespace) -> int:
+def _cmd_sim(args: argparse.Namespace) -> NoReturn:
     from robot_wm.nodes.arm_sim import ArmSimNode
-    from robot_wm.nodes.runner import run_nodes
+    from robot_wm.nodes.runner import exit_process, run_nodes
     from robot_wm.paths import config_path
 
     ros_args = ["--ros-args", "--params-file", str(config_path("robot.yaml")), "--params-file", str(config_path("arm_sim.yaml")),
                 "-p", f"arm_sim:profile:={args.profile}", "-p", f"arm_sim:publish_rate_hz:={float(args.rate)}",
                 "-p", f"arm_sim:command_timeout_s:={float(args.command_timeout)}",
                 "-p", f"arm_sim:publish_clock:={str(args.clock).lower()}"]
-    return run_nodes([lambda ctx: ArmSimNode(context=ctx)], ["robot-wm-sim", *ros_args])
+    exit_process(run_nodes([lambda ctx: ArmSimNode(context=ctx)], ["robot-wm-sim", *ros_args]))
 
 
 def _cmd_up(args: argparse.Namespace) -> int:

@@ -22,13 +22,17 @@ still bounds it). The watchdog says it is waiting, and the next stage gets a ful
 
 A main thread that waits in C++ *holding* the GIL starves the watchdog thread. So whenever the
 clock runs (started by that thread, or by :meth:`StopWatchdog.begin` in the main thread before any
-teardown), faulthandler's C thread backs it up one second after the deadline (its ``Timeout
-(0:00:0...)!``, the stacks, exit 1). It is not armed during held stages, and
-:meth:`StopWatchdog.finish` re-arms it to bound the interpreter's own exit at ``2 * grace_s``.
+teardown), a backup that needs no GIL is armed one second after the deadline: faulthandler's C thread
+writes ``Timeout (0:00:0...)!`` and the stacks, and a POSIX timer of the C library's own
+(``timer_create`` with ``SIGEV_THREAD``) calls ``_exit`` with the same code as above a quarter second
+later (:class:`NativeExit`; where the C library has no such timer, faulthandler exits 1 itself). The
+backup is not armed during held stages, and :meth:`StopWatchdog.finish` re-arms it at ``2 * grace_s``
+for what is left (the runner's atexit handlers, robot_wm.nodes.runner.exit_process).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import os
 import signal
@@ -39,6 +43,72 @@ from collections.abc import Iterator
 STOP_GRACE_S = 3.0  # from the first SIGINT/SIGTERM to a forced exit (ros2 launch escalates after 5 s)
 _START = {0, int(signal.SIGINT), int(signal.SIGTERM)}  # wakeup-fd bytes that start the clock (0: begin())
 _STDERR = 2  # by descriptor: no Python-level lock a stuck main thread might hold
+_BACKUP_STACKS_S = 1.0  # after the deadline: faulthandler writes the stacks ...
+_BACKUP_EXIT_S = 1.25  # ... and the native timer exits (launch escalates 5 s after its SIGINT)
+
+
+class _SigEvent(ctypes.Structure):  # struct sigevent (Linux, 64 bytes): value, signo, notify, thread fn, attr
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("function", ctypes.c_void_p), ("attributes", ctypes.c_void_p), ("_pad", ctypes.c_int * 8)]
+
+
+class _TimeSpec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("interval", _TimeSpec), ("value", _TimeSpec)]
+
+
+class NativeExit:
+    """``_exit(code)`` after a delay, called by a thread of the C library's own: a POSIX timer
+    (``timer_create``, ``SIGEV_THREAD``) whose notify function is ``_exit`` and whose value is the
+    code. No Python runs on the way, so it ends a process whose main thread waits in C code holding
+    the GIL, with the code the watchdog chose (faulthandler's own exit can only say 1).
+    ``available`` is False where the C library has no such timer; :meth:`arm` then returns False.
+    """
+
+    _CLOCK_MONOTONIC, _SIGEV_THREAD = 1, 2
+
+    def __init__(self) -> None:
+        self._timer: ctypes.c_void_p | None = None
+        self._code: int | None = None
+        self.available = False
+        for name in (None, "librt.so.1"):  # glibc >= 2.34 has the timers in libc itself
+            try:
+                lib = ctypes.CDLL(name, use_errno=True)
+                create, settime, delete, exit_fn = lib.timer_create, lib.timer_settime, lib.timer_delete, lib._exit
+            except (OSError, AttributeError):
+                continue
+            create.argtypes = [ctypes.c_int, ctypes.POINTER(_SigEvent), ctypes.POINTER(ctypes.c_void_p)]
+            settime.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_ITimerSpec), ctypes.c_void_p]
+            delete.argtypes = [ctypes.c_void_p]
+            self._create, self._settime, self._delete = create, settime, delete
+            self._exit_fn = ctypes.cast(exit_fn, ctypes.c_void_p).value
+            self.available = True
+            return
+
+    def arm(self, after_s: float, code: int) -> bool:
+        """From now, ``_exit(code)`` in ``after_s`` seconds (replacing what was armed); False if it cannot be."""
+        if not self.available:
+            return False
+        if self._timer is not None and self._code != code:
+            self._delete(self._timer)
+            self._timer = None
+        if self._timer is None:
+            event = _SigEvent(value=code, notify=self._SIGEV_THREAD, function=self._exit_fn)
+            timer = ctypes.c_void_p()
+            if self._create(self._CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+                return False
+            self._timer, self._code = timer, code
+        ns = max(int(after_s * 1e9), 1)  # 0 would disarm it
+        spec = _ITimerSpec(value=_TimeSpec(ns // 1_000_000_000, ns % 1_000_000_000))
+        return self._settime(self._timer, 0, ctypes.byref(spec), None) == 0
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._delete(self._timer)
+            self._timer = self._code = None
 
 
 class StopWatchdog:
@@ -52,10 +122,10 @@ class StopWatchdog:
     def __init__(self, name: str, grace_s: float = STOP_GRACE_S) -> None:
         self.name, self.grace_s = name, float(grace_s)
         self.stage = "starting"
-        self.code = 0  # what the runner will return; a forced exit keeps a nonzero one
-        self.failed = False  # an exception is on its way out, or a before_shutdown failed
-        self.duties_done = False  # every before_shutdown ran and returned
+        self._code, self._failed, self._duties_done = 0, False, False
         self._held = False
+        self._native = NativeExit()
+        self._backup_armed = False
         self._t_stop: float | None = None
         self._deadline: float | None = None
         self._lock = threading.Lock()
@@ -66,13 +136,51 @@ class StopWatchdog:
         self._thread = threading.Thread(target=self._watch, name="robot_wm-stop-watchdog", daemon=True)
         self._thread.start()
 
+    # What a forced exit says; each change re-arms an armed backup with the new exit code.
+    @property
+    def code(self) -> int:
+        """What the runner will return; a forced exit keeps a nonzero one."""
+        return self._code
+
+    @code.setter
+    def code(self, value: int) -> None:
+        self._set_outcome("_code", int(value))
+
+    @property
+    def failed(self) -> bool:
+        """An exception is on its way out, or a before_shutdown failed."""
+        return self._failed
+
+    @failed.setter
+    def failed(self, value: bool) -> None:
+        self._set_outcome("_failed", bool(value))
+
+    @property
+    def duties_done(self) -> bool:
+        """Every before_shutdown ran and returned."""
+        return self._duties_done
+
+    @duties_done.setter
+    def duties_done(self, value: bool) -> None:
+        self._set_outcome("_duties_done", bool(value))
+
+    def _set_outcome(self, field: str, value) -> None:
+        with self._lock:
+            setattr(self, field, value)
+            if self._backup_armed and not self._finished.is_set():
+                self._arm_backup()
+
+    def exit_code(self) -> int:
+        """The code a forced exit uses now."""
+        return self._code or (1 if self._failed or not self._duties_done else 0)
+
     @contextlib.contextmanager
     def held(self, stage: str) -> Iterator[None]:
         """A stage the clock never ends (creating the nodes, a before_shutdown); a stop under way
         gets ``grace_s`` from its end at least."""
         with self._lock:
             self.stage, self._held = stage, True
-            faulthandler.cancel_dump_traceback_later()
+            self._cancel_backup()
         try:
             yield
         finally:
@@ -101,11 +209,11 @@ class StopWatchdog:
     def finish(self) -> None:
         """The teardown is done; bound what is left of a stop (the interpreter's own exit) at ``2 * grace_s``."""
         with self._lock:
-            self._finished.set()
             if self._deadline is not None:
-                faulthandler.dump_traceback_later(2 * self.grace_s, exit=True, file=_STDERR)
+                self._arm_backup(2 * self.grace_s)
             else:
-                faulthandler.cancel_dump_traceback_later()
+                self._cancel_backup()
+            self._finished.set()
         signal.set_wakeup_fd(self._previous_fd)
         if self._write_fd >= 0:
             os.close(self._write_fd)  # a watchdog still waiting for a stop reads the end of the pipe
@@ -118,8 +226,18 @@ class StopWatchdog:
             if not self._held:
                 self._arm_backup()
 
-    def _arm_backup(self) -> None:  # with the lock held
-        faulthandler.dump_traceback_later(max(self._deadline - time.monotonic(), 0.0) + 1.0, exit=True, file=_STDERR)
+    def _arm_backup(self, after_s: float | None = None) -> None:  # with the lock held
+        """Stacks at ``after_s`` (default: a second past the deadline), ``_exit`` a quarter second later."""
+        if after_s is None:
+            after_s = max(self._deadline - time.monotonic(), 0.0) + _BACKUP_STACKS_S
+        native = self._native.arm(after_s + _BACKUP_EXIT_S - _BACKUP_STACKS_S, self.exit_code())
+        faulthandler.dump_traceback_later(after_s, exit=not native, file=_STDERR)
+        self._backup_armed = True
+
+    def _cancel_backup(self) -> None:  # with the lock held
+        faulthandler.cancel_dump_traceback_later()
+        self._native.cancel()
+        self._backup_armed = False
 
     def _watch(self) -> None:
         while True:
@@ -150,8 +268,8 @@ class StopWatchdog:
     def _forced_exit(self) -> None:  # with the lock held: no stage change from here on
         if self._finished.is_set():
             return
-        code = self.code or (1 if self.failed or not self.duties_done else 0)
-        done = "done" if self.duties_done else "NOT done"
+        code = self.exit_code()
+        done = "done" if self._duties_done else "NOT done"
         _say(f"[robot_wm] {self.name}: stop stuck {self._since():.1f} s after it began, while {self.stage}; "
              f"exiting {code} (before_shutdown duties {done}). Thread stacks:\n")
         try:
@@ -169,4 +287,4 @@ def _say(text: str) -> None:
         pass
 
 
-__all__ = ["STOP_GRACE_S", "StopWatchdog"]
+__all__ = ["STOP_GRACE_S", "NativeExit", "StopWatchdog"]

@@ -9,11 +9,17 @@
 - ``slow_rest``: before_shutdown takes 5.5 s (a driver bringing a real arm to rest), then all is well;
 - ``gil_rest``: the same 5.5 s in C code that holds the GIL (a vendor SDK's blocking stop call);
 - ``raising_rest``: before_shutdown raises;
-- ``usr1``: the node has a SIGUSR1 handler of its own (a driver's), which must not start a stop.
+- ``usr1``: the node has a SIGUSR1 handler of its own (a driver's), which must not start a stop;
+- ``free_hang``: freeing what reference cycles held (where the DDS participant goes) never returns, in C
+  code holding the GIL, after every before_shutdown duty was done;
+- ``exit_hang``: the stop is done, then the interpreter's own exit would hang in C code holding the GIL
+  (a C++ static destructor that never returns); the driver registered an atexit handler, which must run.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
+import gc
 import signal
 import sys
 import threading
@@ -95,8 +101,37 @@ class OwnSignal(Quiet):
         super().__init__(context, "own_signal")
 
 
+class _HangsWhenFreed:
+    def __del__(self) -> None:
+        ctypes.PyDLL(None).sleep(60)
+
+
+class _HangsWhenCollected(_HangsWhenFreed):
+    def __init__(self) -> None:
+        self.cycle = self
+
+
+class FreeHang(StuckDestroy):
+    def __init__(self, context=None) -> None:
+        gc.disable()  # the cycle lives until the runner's own collection, in its teardown
+        _HangsWhenCollected()
+        super().__init__(context)
+
+    def destroy_node(self):
+        return Node.destroy_node(self)
+
+
+class ExitHang(Quiet):
+    def __init__(self, context=None) -> None:
+        global _FREED_AT_EXIT
+        _FREED_AT_EXIT = _HangsWhenFreed()  # freed, and so hangs, only when the interpreter finalizes
+        atexit.register(lambda: print("atexit ran", flush=True))
+        super().__init__(context, "exit_hang")
+
+
 if __name__ == "__main__":
     kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "gil_bare": BareHoldingTheGil,
              "slow_rest": SlowRest,
-             "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal}
+             "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal,
+             "free_hang": FreeHang, "exit_hang": ExitHang}
     main_for(kinds[sys.argv.pop(1)], executor_kind="single")()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -226,8 +227,9 @@ def _stopped(proc, sig=signal.SIGINT, timeout_s: float = 30.0) -> tuple[int, flo
 @pytest.mark.parametrize("kind, code, says", [
     ("destroy", 0, "while destroying node stuck_destroy; exiting 0 (before_shutdown duties done)"),
     ("callback", 1, "while spinning; exiting 1 (before_shutdown duties NOT done)"),
-    ("gil", 1, "Timeout (0:00:0"),
-    ("gil_bare", 1, "Timeout (0:00:0"),
+    ("gil", 0, "Timeout (0:00:0"),
+    ("gil_bare", 0, "Timeout (0:00:0"),
+    ("free_hang", 0, "Timeout (0:00:0"),
 ])
 def test_a_stop_that_hangs_still_ends_before_launch_escalates(spawn, kind, code, says):
     """A node stuck in its teardown (a DDS deadlock, a callback that never returns, C code holding
@@ -238,7 +240,7 @@ def test_a_stop_that_hangs_still_ends_before_launch_escalates(spawn, kind, code,
     assert says in out, out
     assert "most recent call first" in out and "stuck_node.py" in out, out  # the stacks say where
     assert took >= 3.0, out  # the grace period is given in full
-    if kind in ("destroy", "gil"):
+    if kind in ("destroy", "gil", "free_hang"):
         assert "before_shutdown ran" in out, out
 
 
@@ -259,6 +261,38 @@ def test_a_failing_before_shutdown_is_reported_and_the_stop_still_completes(spaw
     assert got == 1, out
     assert "raising_rest: before_shutdown failed" in out and "brake controller not answering" in out, out
     assert "stop stuck" not in out and "waiting for it" not in out, out
+
+
+def test_an_exit_that_would_hang_after_a_finished_stop_leaves_at_once_with_0(spawn):
+    """The teardown is done, then the interpreter's own exit would hang in C code holding the GIL (what a
+    Fast DDS static destructor did in CI, ``Timeout (0:00:06)!``, exit 1): the process leaves with 0 right
+    after its atexit handlers ran, and never reaches that code."""
+    got, _, out = _stopped(_stuck(spawn, "exit_hang"))
+    assert got == 0, out
+    assert "atexit ran" in out, out
+    assert "Timeout" not in out and "most recent call first" not in out and "stop stuck" not in out, out
+
+
+_NATIVE = """
+import ctypes, sys, time
+from robot_wm.stop_watchdog import NativeExit
+n = NativeExit()
+assert n.available
+def deadlock():  # a plain mutex locked twice, holding the GIL: no signal or Python thread ends this wait
+    lock, m = ctypes.PyDLL(None).pthread_mutex_lock, ctypes.create_string_buffer(64)
+    lock(m); lock(m)
+"""
+
+
+@pytest.mark.parametrize("script, code", [
+    ("n.arm(0.3, 7); deadlock()", 7),
+    ("n.arm(0.3, 7); n.arm(0.3, 5); deadlock()", 5),  # re-armed with another code: the last one counts
+    ("n.arm(0.3, 7); n.cancel(); time.sleep(0.8); print('alive')", 0),
+], ids=["fires", "rearmed", "cancelled"])
+def test_the_native_exit_ends_a_process_holding_the_gil_with_the_code_it_was_given(script, code):
+    done = subprocess.run([PYTHON, "-c", _NATIVE + script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done
+    assert ("alive" in done.stdout) == (code == 0), done
 
 
 def test_a_drivers_own_signal_handler_does_not_start_a_stop(spawn):

@@ -6,7 +6,9 @@ Here both signals set a flag, the executor loop notices it within ``_POLL_S`` an
 the context are destroyed in order, so the process exits 0 with no traceback.
 
 A stop is bounded: from the first signal the process has ``STOP_GRACE_S`` (3 s) to finish, less than
-the 5 s after which ``ros2 launch`` escalates to SIGTERM and SIGKILL (robot_wm.stop_watchdog).
+the 5 s after which ``ros2 launch`` escalates to SIGTERM and SIGKILL (robot_wm.stop_watchdog). The
+teardown ends by freeing the DDS participant itself, and the entry points then leave by
+:func:`exit_process`, without the interpreter's finalization (where a finished stop was seen to hang).
 
 Executor: rclpy's EventsExecutor (``rclpy.experimental``; its dispatch loop is C++) by default —
 it spends about a third of the SingleThreadedExecutor's CPU per callback (bench/bench_control_path.py),
@@ -15,12 +17,15 @@ which on a loaded 2-core machine decides whether a 100 Hz control period is on t
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import rclpy
 from rclpy.context import Context
@@ -143,6 +148,14 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
             executor.shutdown(timeout_sec=1.0)
             if context.ok():
                 rclpy.shutdown(context=context)
+            # Handles in reference cycles keep an rcl node, and with it the DDS participant and its shared
+            # memory, until a collection: free them here, where the watchdog bounds it (exit_process skips
+            # the interpreter's finalization, which would otherwise do it).
+            watchdog.enter("freeing the DDS participant")
+            nodes.clear()
+            node = executor = None
+            gc.collect()
+            context.destroy()
         except BaseException:
             watchdog.failed = True
             raise
@@ -184,10 +197,31 @@ def _realtime(nodes: list[Node]) -> None:
         (log.info if applied else log.warning)(text)
 
 
+def exit_process(code: int) -> NoReturn:
+    """End a node process with ``code`` once :func:`run_nodes` has returned (its teardown is done).
+
+    What a normal interpreter exit still does after the teardown is free memory and run C++ static
+    destructors (Fast DDS's factories, its threads), and that is where a finished stop was seen to hang
+    until SIGKILL (CI: trust_monitor, faulthandler's ``Timeout (0:00:06)!`` with no Python frame left,
+    the family of eProsima/Fast-DDS#6193). Nothing there is the robot's: the nodes were destroyed and the
+    context shut down, which also removed the DDS shared-memory segments. So the atexit handlers run (a
+    driver may close its device in one), the streams are flushed, and the process leaves by ``os._exit``.
+    """
+    try:
+        atexit._run_exitfuncs()  # each handler's exception is printed by atexit itself
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: nothing more can be said on it
+                pass
+        os._exit(code)
+
+
 def main_for(node_cls: type[Node], executor_kind: str | None = None) -> Callable[[list[str] | None], None]:
     """Return a ``main(args=None)`` entry point that runs ``node_cls`` alone (``executor_kind``: see run_nodes)."""
 
     def main(args: list[str] | None = None) -> None:
-        sys.exit(run_nodes([lambda ctx: node_cls(context=ctx)], args, executor_kind))
+        exit_process(run_nodes([lambda ctx: node_cls(context=ctx)], args, executor_kind))
 
     return main
