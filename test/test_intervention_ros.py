@@ -193,9 +193,18 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
         assert answer.success, answer.message
         assert wait_for(lambda: who and not who[-1].active, 5.0)
         # --- the policy resumes from rest, no jump: every step within the filter's acceleration box
+        def after_release() -> str:  # what held the arm: the monitor's verdicts, the operator state, the arm
+            levels = [(round(_stamp(s) - t_release, 2), TrustLevel(s.level).name, Phase(s.phase).name, s.reason)
+                      for s in list(trust) if _stamp(s) >= t_release]
+            changes = [x for i, x in enumerate(levels) if i == 0 or x[1:] != levels[i - 1][1:]]
+            return f"trust since the release: {changes}\nintervention: {who[-1:]}\narm: {arm.latest()}\n{logs()}"
+
         assert wait_for(lambda: any(np.max(np.abs(s[2])) > 0.05 for s in arm.states if s[5] >= t_release), 30.0), \
-            logs()
-        after = [s for s in arm.states if s[5] >= t_release][:400]
+            after_release()
+        # the first 0.8 s of motion by the arm's stamps, the window complete (a moving state can be seen
+        # a few milliseconds after the release: too few states yet for a 20 ms window, as CI once found)
+        t_moving = next(s[5] for s in list(arm.states) if s[5] >= t_release and np.max(np.abs(s[2])) > 0.05)
+        after = arm.stamped_between(max(t_release, t_moving - 0.2), t_moving + 0.8)
         box = np.asarray(limits.accel_max_radps2) * limits.phase_accel_scale[Phase.MIXED]
         # (over 20 ms windows: the command changes once per 10 ms period, the 500 Hz states see that as steps)
         steps = []
@@ -203,7 +212,7 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
             b = next((b for b in after[i + 1:] if b[5] - a[5] >= 0.02), None)
             if b is not None:
                 steps.append(np.max(np.abs(b[2] - a[2]) / (box * (b[5] - a[5]))))
-        assert steps and max(steps) <= 1.5, max(steps)
+        assert steps and max(steps) <= 1.5, (max(steps, default=None), len(after))
         # --- logged, with reasons and times; the monitor counted the take-overs
         records = [json.loads(line) for line in log.read_text().splitlines()]
         assert [(r["reason"], r["release_reason"]) for r in records] == [("test take-over", "cleared"),
