@@ -36,6 +36,7 @@ import ctypes
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +75,8 @@ class NativeExit:
         self._timer: ctypes.c_void_p | None = None
         self._code: int | None = None
         self.available = False
+        if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+            return  # the struct layout above is 64-bit Linux's
         for name in (None, "librt.so.1"):  # glibc >= 2.34 has the timers in libc itself
             try:
                 lib = ctypes.CDLL(name, use_errno=True)

@@ -100,7 +100,9 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
         executor_kind: "events" or "single" for this process whatever $ROBOT_WM_EXECUTOR says (a node
             whose callbacks take ``MessageInfo``: rclpy's EventsExecutor cannot hand it over).
     Returns:
-        Process exit code: 0 on a clean stop, 2 on a configuration error.
+        Process exit code: 0 on a clean stop, 2 on a configuration error. The caller ends the process
+        with it (:func:`exit_process`): from here the stop's backup ends it ``2 * STOP_GRACE_S`` later
+        in any case, so this is for a process's entry point, not for running nodes inside another program.
     """
     apply_loopback_dds()
     context = Context()
