@@ -27,7 +27,8 @@ writes ``Timeout (0:00:0...)!`` and the stacks, and a POSIX timer of the C libra
 (``timer_create`` with ``SIGEV_THREAD``) calls ``_exit`` with the same code as above a quarter second
 later (:class:`NativeExit`; where the C library has no such timer, faulthandler exits 1 itself). The
 backup is not armed during held stages, and :meth:`StopWatchdog.finish` re-arms it at ``2 * grace_s``
-for what is left (the runner's atexit handlers, robot_wm.nodes.runner.exit_process).
+for what is left (the runner's atexit handlers, robot_wm.nodes.runner.exit_process), exiting 1 then:
+a stop stuck after its teardown did not end cleanly.
 """
 from __future__ import annotations
 
@@ -212,8 +213,8 @@ class StopWatchdog:
     def finish(self) -> None:
         """The teardown is done; bound what is left of a stop (the interpreter's own exit) at ``2 * grace_s``."""
         with self._lock:
-            if self._deadline is not None:
-                self._arm_backup(2 * self.grace_s)
+            if self._deadline is not None:  # past the teardown only atexit handlers run: stuck there is a failure
+                self._arm_backup(2 * self.grace_s, after_teardown=True)
             else:
                 self._cancel_backup()
             self._finished.set()
@@ -229,11 +230,13 @@ class StopWatchdog:
             if not self._held:
                 self._arm_backup()
 
-    def _arm_backup(self, after_s: float | None = None) -> None:  # with the lock held
-        """Stacks at ``after_s`` (default: a second past the deadline), ``_exit`` a quarter second later."""
+    def _arm_backup(self, after_s: float | None = None, after_teardown: bool = False) -> None:  # with the lock held
+        """Stacks at ``after_s`` (default: a second past the deadline), ``_exit`` a quarter second later
+        (with at least 1 ``after_teardown``)."""
         if after_s is None:
             after_s = max(self._deadline - time.monotonic(), 0.0) + _BACKUP_STACKS_S
-        native = self._native.arm(after_s + _BACKUP_EXIT_S - _BACKUP_STACKS_S, self.exit_code())
+        code = max(self.exit_code(), 1) if after_teardown else self.exit_code()
+        native = self._native.arm(after_s + _BACKUP_EXIT_S - _BACKUP_STACKS_S, code)
         faulthandler.dump_traceback_later(after_s, exit=not native, file=_STDERR)
         self._backup_armed = True
 

@@ -12,6 +12,7 @@
 - ``usr1``: the node has a SIGUSR1 handler of its own (a driver's), which must not start a stop;
 - ``free_hang``: freeing what reference cycles held (where the DDS participant goes) never returns, in C
   code holding the GIL, after every before_shutdown duty was done;
+- ``atexit_hang``: the stop is done, then a driver's atexit handler never returns;
 - ``exit_hang``: the stop is done, then the interpreter's own exit would hang in C code holding the GIL
   (a C++ static destructor that never returns); the driver registered an atexit handler, which must run.
 """
@@ -121,6 +122,12 @@ class FreeHang(StuckDestroy):
         return Node.destroy_node(self)
 
 
+class AtexitHang(Quiet):
+    def __init__(self, context=None) -> None:
+        atexit.register(_FOREVER.wait)
+        super().__init__(context, "atexit_hang")
+
+
 class ExitHang(Quiet):
     def __init__(self, context=None) -> None:
         global _FREED_AT_EXIT
@@ -133,5 +140,6 @@ if __name__ == "__main__":
     kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "gil_bare": BareHoldingTheGil,
              "slow_rest": SlowRest,
              "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal,
-             "free_hang": FreeHang, "exit_hang": ExitHang}
+             "free_hang": FreeHang, "atexit_hang": AtexitHang,
+             "exit_hang": ExitHang}
     main_for(kinds[sys.argv.pop(1)], executor_kind="single")()

@@ -133,3 +133,26 @@ def test_bench_verbs_refuse_bad_arguments_and_the_baseline_tree_is_the_given_rev
     assert checkout(str(tree), repo, tmp_path) == tree.resolve()
     with pytest.raises(ValueError, match="no robot_wm package"):
         checkout(str(tmp_path / "tree" / "config"), repo, tmp_path)
+
+
+@pytest.mark.ros
+def test_the_benchmark_child_saves_the_filters_records_when_its_node_exits(spawn, tmp_path):
+    """The e2e benchmark runs the filter's process through its --child wrapper, which saves the
+    filter's period records when the node's entry point ends the process (exit_process, os._exit):
+    records and the executor built are there after a SIGINT, the exit clean."""
+    import signal
+
+    from robot_wm.benchmarks import e2e
+
+    from conftest import wait_for
+
+    specs, _ = e2e._specs_for("separate", 100.0)
+    record = tmp_path / "rec.npy"
+    proc = spawn(e2e._command(next(s for s in specs if s.name == "safety_filter"), record))
+    assert wait_for(lambda: "safety filter active" in proc.output() or proc.process.poll() is not None, 60.0), \
+        proc.output()
+    assert proc.process.poll() is None, proc.output()
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=30) == 0, proc.output()
+    assert np.load(record).shape[1:] == (5,)  # (no arm in this test: no period has run yet, maybe)
+    assert record.with_suffix(".executor").read_text() == "EventsExecutor"

@@ -295,6 +295,15 @@ def test_the_native_exit_ends_a_process_holding_the_gil_with_the_code_it_was_giv
     assert ("alive" in done.stdout) == (code == 0), done
 
 
+def test_an_atexit_handler_that_never_returns_ends_the_process_with_1(spawn):
+    """Past the teardown only the atexit handlers run; one stuck there is bounded at 2 x the grace
+    period, and the exit says the stop did not end cleanly."""
+    got, took, out = _stopped(_stuck(spawn, "atexit_hang"))
+    assert got == 1, out
+    assert "Timeout (0:00:06" in out and "most recent call first" in out, out
+    assert took >= 6.0, out
+
+
 def test_a_drivers_own_signal_handler_does_not_start_a_stop(spawn):
     proc = _stuck(spawn, "usr1")
     proc.process.send_signal(signal.SIGUSR1)

@@ -205,9 +205,13 @@ def exit_process(code: int) -> NoReturn:
     What a normal interpreter exit still does after the teardown is free memory and run C++ static
     destructors (Fast DDS's factories, its threads), and that is where a finished stop was seen to hang
     until SIGKILL (CI: trust_monitor, faulthandler's ``Timeout (0:00:06)!`` with no Python frame left,
-    the family of eProsima/Fast-DDS#6193). Nothing there is the robot's: the nodes were destroyed and the
-    context shut down, which also removed the DDS shared-memory segments. So the atexit handlers run (a
-    driver may close its device in one), the streams are flushed, and the process leaves by ``os._exit``.
+    the family of eProsima/Fast-DDS#6193). Nothing there is the robot's: the teardown destroyed the
+    nodes and then freed the DDS participant with its shared memory (the last rmw node's destruction
+    deletes it; run_nodes' last stage collects the cycles that kept one alive). So the atexit handlers
+    run (a driver may close its device in one), stdout and stderr are flushed, and the process leaves
+    by ``os._exit``. Not done, unlike a normal exit: waiting for non-daemon threads (a driver stops
+    its threads in ``before_shutdown``) and flushing other open Python files (close them there too).
+    The stop's backup bounds the atexit handlers (exit 1 after ``2 * STOP_GRACE_S``).
     """
     try:
         atexit._run_exitfuncs()  # each handler's exception is printed by atexit itself
