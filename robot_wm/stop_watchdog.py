@@ -115,6 +115,23 @@ class NativeExit:
             self._timer = self._code = None
 
 
+class _Outcome:
+    """A StopWatchdog attribute that decides a forced exit's code, kept in ``_<name>``; setting it goes
+    through ``_set_outcome`` (under the lock, re-arming an armed backup)."""
+
+    def __init__(self, kind: type, doc: str) -> None:
+        self.kind, self.__doc__ = kind, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = f"_{name}"
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.field)
+
+    def __set__(self, obj, value) -> None:
+        obj._set_outcome(self.field, self.kind(value))
+
+
 class StopWatchdog:
     """See the module docstring. Create it in the main thread; ``finish()`` when the teardown is done.
 
@@ -140,33 +157,10 @@ class StopWatchdog:
         self._thread = threading.Thread(target=self._watch, name="robot_wm-stop-watchdog", daemon=True)
         self._thread.start()
 
-    # What a forced exit says; each change re-arms an armed backup with the new exit code.
-    @property
-    def code(self) -> int:
-        """What the runner will return; a forced exit keeps a nonzero one."""
-        return self._code
-
-    @code.setter
-    def code(self, value: int) -> None:
-        self._set_outcome("_code", int(value))
-
-    @property
-    def failed(self) -> bool:
-        """An exception is on its way out, or a before_shutdown failed."""
-        return self._failed
-
-    @failed.setter
-    def failed(self, value: bool) -> None:
-        self._set_outcome("_failed", bool(value))
-
-    @property
-    def duties_done(self) -> bool:
-        """Every before_shutdown ran and returned."""
-        return self._duties_done
-
-    @duties_done.setter
-    def duties_done(self, value: bool) -> None:
-        self._set_outcome("_duties_done", bool(value))
+    # What a forced exit says (see _Outcome): setting one re-arms an armed backup with the new exit code.
+    code = _Outcome(int, "What the runner will return; a forced exit keeps a nonzero one.")
+    failed = _Outcome(bool, "An exception is on its way out, or a before_shutdown failed.")
+    duties_done = _Outcome(bool, "Every before_shutdown ran and returned.")
 
     def _set_outcome(self, field: str, value) -> None:
         with self._lock:
