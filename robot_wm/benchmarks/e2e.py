@@ -80,24 +80,18 @@ def _child(argv: list[str]) -> int:
     cls.period_hook = staticmethod(record)  # a class attribute: not a method of the node
     runner.make_executor = make_executor
     sys.argv = [module, *ros_args]
-    saved: list[bool] = []
-
     def save() -> None:
-        if not saved:
-            saved.append(True)
-            np.save(record_path, np.asarray(records, dtype=np.int64).reshape(-1, 5))
-            Path(record_path).with_suffix(".executor").write_text(",".join(built))
+        np.save(record_path, np.asarray(records, dtype=np.int64).reshape(-1, 5))
+        Path(record_path).with_suffix(".executor").write_text(",".join(built))
 
-    # the entry point ends the process itself (runner.exit_process: the atexit handlers, then os._exit);
-    # a baseline revision's still raises SystemExit
+    # at exit, however the process ends: the entry point by runner.exit_process (the atexit handlers, then
+    # os._exit), a baseline revision's by SystemExit and then this process's own exit
     atexit.register(save)
     code: Any = 0
     try:
         importlib.import_module(module).main()
     except SystemExit as exc:
         code = exc.code
-    finally:
-        save()
     return int(code or 0)
 
 
