@@ -25,7 +25,8 @@ clock runs (started by that thread, or by :meth:`StopWatchdog.begin` in the main
 teardown), a backup that needs no GIL is armed one second after the deadline: faulthandler's C thread
 writes ``Timeout (0:00:0...)!`` and the stacks, and a POSIX timer of the C library's own
 (``timer_create`` with ``SIGEV_THREAD``) calls ``_exit`` with the same code as above a quarter second
-later (:class:`NativeExit`; where the C library has no such timer, faulthandler exits 1 itself). The
+later (:class:`NativeExit`, with a kernel-delivered SIGKILL half a second behind it should the C
+library fail to start that thread; where there is no such timer, faulthandler exits 1 itself). The
 backup is not armed during held stages, and :meth:`StopWatchdog.finish` re-arms it at ``2 * grace_s``
 for what is left (the runner's atexit handlers, robot_wm.nodes.runner.exit_process), exiting 1 then:
 a stop stuck after its teardown did not end cleanly.
@@ -67,14 +68,21 @@ class NativeExit:
     (``timer_create``, ``SIGEV_THREAD``) whose notify function is ``_exit`` and whose value is the
     code. No Python runs on the way, so it ends a process whose main thread waits in C code holding
     the GIL, with the code the watchdog chose (faulthandler's own exit can only say 1).
+
+    That thread is started by the C library when the timer expires; should it fail to start one (a
+    process out of threads or memory), nothing would call ``_exit``. So a second timer, delivered by
+    the kernel itself (``SIGEV_SIGNAL`` with SIGKILL), ends the process ``kill_after_s`` later: no
+    code of the process runs for that one, and the exit is "killed by SIGKILL" (-9 to a parent).
     ``available`` is False where the C library has no such timer; :meth:`arm` then returns False.
     """
 
-    _CLOCK_MONOTONIC, _SIGEV_THREAD = 1, 2
+    _CLOCK_MONOTONIC, _SIGEV_SIGNAL, _SIGEV_THREAD = 1, 0, 2
 
-    def __init__(self) -> None:
+    def __init__(self, kill_after_s: float = 0.5) -> None:
         self._timer: ctypes.c_void_p | None = None
         self._code: int | None = None
+        self._kill_timer: ctypes.c_void_p | None = None
+        self.kill_after_s = float(kill_after_s)
         self.available = False
         if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
             return  # the struct layout above is 64-bit Linux's
@@ -93,7 +101,8 @@ class NativeExit:
             return
 
     def arm(self, after_s: float, code: int) -> bool:
-        """From now, ``_exit(code)`` in ``after_s`` seconds (replacing what was armed); False if it cannot be."""
+        """From now, ``_exit(code)`` in ``after_s`` seconds and SIGKILL ``kill_after_s`` after that
+        (replacing what was armed); False if the ``_exit`` timer cannot be."""
         if not self.available:
             return False
         if self._timer is not None and self._code != code:
@@ -105,14 +114,28 @@ class NativeExit:
             if self._create(self._CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
                 return False
             self._timer, self._code = timer, code
-        ns = max(int(after_s * 1e9), 1)  # 0 would disarm it
-        spec = _ITimerSpec(value=_TimeSpec(ns // 1_000_000_000, ns % 1_000_000_000))
-        return self._settime(self._timer, 0, ctypes.byref(spec), None) == 0
+        if self._kill_timer is None:
+            event = _SigEvent(signo=int(signal.SIGKILL), notify=self._SIGEV_SIGNAL)
+            timer = ctypes.c_void_p()
+            if self._create(self._CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) == 0:
+                self._kill_timer = timer
+        if self._kill_timer is not None:  # (without it the thread timer still works: not a reason to fail)
+            self._settime(self._kill_timer, 0, ctypes.byref(_after(after_s + self.kill_after_s)), None)
+        return self._settime(self._timer, 0, ctypes.byref(_after(after_s)), None) == 0
 
     def cancel(self) -> None:
+        if self._kill_timer is not None:  # the kill first: never a moment with only the kill armed
+            self._delete(self._kill_timer)
+            self._kill_timer = None
         if self._timer is not None:
             self._delete(self._timer)
             self._timer = self._code = None
+
+
+def _after(seconds: float) -> _ITimerSpec:
+    """A one-shot expiry ``seconds`` from now (at least 1 ns: 0 would disarm the timer)."""
+    ns = max(int(seconds * 1e9), 1)
+    return _ITimerSpec(value=_TimeSpec(ns // 1_000_000_000, ns % 1_000_000_000))
 
 
 class _Outcome:

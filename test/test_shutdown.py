@@ -295,6 +295,19 @@ def test_the_native_exit_ends_a_process_holding_the_gil_with_the_code_it_was_giv
     assert ("alive" in done.stdout) == (code == 0), done
 
 
+def test_the_kernels_sigkill_ends_the_process_when_the_native_exit_thread_does_not():
+    """Should the C library fail to start the timer's thread (a process out of threads), the second
+    timer, delivered by the kernel, still ends the process: here the thread's function is a harmless
+    ``getpid`` instead of ``_exit``, and SIGKILL comes ``kill_after_s`` later."""
+    script = ("n._exit_fn = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value\n"
+              "t0 = time.monotonic(); n.arm(0.3, 7); print('armed', flush=True); deadlock()")
+    t0 = time.monotonic()
+    done = subprocess.run([PYTHON, "-c", _NATIVE + script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done
+    assert "armed" in done.stdout, done
+    assert time.monotonic() - t0 >= 0.8, done  # 0.3 s, then the kill 0.5 s behind
+
+
 def test_an_atexit_handler_that_never_returns_ends_the_process_with_1(spawn):
     """Past the teardown only the atexit handlers run; one stuck there is bounded at 2 x the grace
     period, and the exit says the stop did not end cleanly."""
