@@ -14,7 +14,8 @@
   code holding the GIL, after every before_shutdown duty was done;
 - ``atexit_hang``: the stop is done, then a driver's atexit handler never returns;
 - ``exit_hang``: the stop is done, then the interpreter's own exit would hang in C code holding the GIL
-  (a C++ static destructor that never returns); the driver registered an atexit handler, which must run.
+  (a C++ static destructor that never returns); the driver registered an atexit handler, which must run;
+- ``kept``: the node keeps itself in a module global, so it outlives its teardown.
 """
 from __future__ import annotations
 
@@ -136,10 +137,17 @@ class ExitHang(Quiet):
         super().__init__(context, "exit_hang")
 
 
+class Kept(Quiet):
+    def __init__(self, context=None) -> None:
+        global _KEPT
+        _KEPT = self
+        super().__init__(context, "kept")
+
+
 if __name__ == "__main__":
     kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "gil_bare": BareHoldingTheGil,
              "slow_rest": SlowRest,
              "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal,
              "free_hang": FreeHang, "atexit_hang": AtexitHang,
-             "exit_hang": ExitHang}
+             "exit_hang": ExitHang, "kept": Kept}
     main_for(kinds[sys.argv.pop(1)], executor_kind="single")()

@@ -171,6 +171,7 @@ def test_clean_exit_on_signal(spawn, program, sig):
     out = proc.output()
     assert code == 0, f"{program} exited {code} after {sig.name}:\n{out}"
     assert "Traceback" not in out and "RCLError" not in out, out
+    assert "still referenced" not in out, out  # every node was freed by the teardown's collection
     assert took < 2.0
     assert wait_for(lambda: not any(_alive(p) for p in descendants), 1.0), f"left running: {descendants}"
     # orphans: segments that appeared during the run and that no live process still maps
@@ -252,6 +253,7 @@ def test_a_slow_before_shutdown_is_waited_for_not_cut_short(spawn, kind):
     assert got == 0 and "before_shutdown ran" in out, out
     assert took >= 5.5, out
     assert "stop stuck" not in out and "Timeout" not in out and "most recent call first" not in out, out
+    assert "still referenced" not in out, out  # nothing keeps an ordinary node past its teardown
     if kind == "slow_rest":  # (the watchdog's thread cannot say it while C code holds the GIL)
         assert "still running slow_rest's before_shutdown" in out and "waiting for it" in out, out
 
@@ -293,6 +295,15 @@ def test_the_native_exit_ends_a_process_holding_the_gil_with_the_code_it_was_giv
     done = subprocess.run([PYTHON, "-c", _NATIVE + script], capture_output=True, text=True, timeout=60)
     assert done.returncode == code, done
     assert ("alive" in done.stdout) == (code == 0), done
+
+
+def test_a_node_kept_alive_past_its_teardown_is_named_with_what_holds_it(spawn):
+    """A node that a module global keeps survives the teardown's collection, so nothing ever frees it
+    (the process leaves without the interpreter's finalization): the stop says so, naming the holder."""
+    got, _, out = _stopped(_stuck(spawn, "kept"))
+    assert got == 0, out
+    assert "node 'kept' is still referenced after the teardown (by module __main__)" in out, out
+    assert "stop stuck" not in out, out
 
 
 def test_the_kernels_sigkill_ends_the_process_when_the_native_exit_thread_does_not():

@@ -18,12 +18,15 @@ which on a loaded 2-core machine decides whether a 100 Hz control period is on t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
+import inspect
 import os
 import signal
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
@@ -142,6 +145,7 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
         try:
             if not _before_shutdown(nodes, watchdog):
                 code = watchdog.code = code or 1
+            refs = _weak_refs(nodes)  # (their names: a destroyed node cannot say its own)
             for node in reversed(nodes):
                 watchdog.enter(f"destroying node {node.get_name()}")
                 executor.remove_node(node)
@@ -157,6 +161,7 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
             nodes.clear()
             node = executor = None
             gc.collect()
+            _warn_kept(refs)
             context.destroy()
         except BaseException:
             watchdog.failed = True
@@ -170,6 +175,30 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_IGN)
     return code
+
+
+def _weak_refs(nodes: list[Node]) -> list[tuple[str, weakref.ref]]:
+    """(name, weak reference) of each node, for :func:`_warn_kept`."""
+    refs = []
+    for n in nodes:
+        with contextlib.suppress(TypeError):  # a class with __slots__ and no __weakref__: not checked
+            refs.append((n.get_name(), weakref.ref(n)))
+    return refs
+
+
+def _warn_kept(refs: list[tuple[str, weakref.ref]]) -> None:
+    """Say which nodes survived the teardown's collection, and what holds them: such a node, and what
+    it holds (its publishers, timers, a driver's device), is never freed by this process, whose exit
+    skips the interpreter's finalization. The usual cause is a module global or a thread keeping it."""
+    for name, ref in refs:
+        node = ref()
+        if node is None:
+            continue
+        holders = sorted({f"module {r['__name__']}" if isinstance(r, dict) and "__builtins__" in r and "__name__" in r
+                          else type(r).__name__ for r in gc.get_referrers(node) if not inspect.isframe(r)})
+        del node
+        print(f"[robot_wm] node {name!r} is still referenced after the teardown (by {', '.join(holders) or 'C code'}): "
+              "it and what it holds are never freed; keep no reference to a node outside the runner", file=sys.stderr)
 
 
 def _before_shutdown(nodes: list[Node], watchdog: StopWatchdog) -> bool:
