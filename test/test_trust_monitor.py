@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,6 +238,51 @@ def test_library_mode_calibration_is_quiet_on_normal_operation_and_sees_a_payloa
     assert latency is not None and excited is not None and latency - excited <= 50, late.events
     first = next(e for e in late.events if e[0] >= 9.0)
     assert re.search(r"response_lag [0-9.e+-]+ > ", first[2]), first
+
+
+def test_a_recorded_run_judged_again_gives_its_own_levels_back_and_a_stricter_config_later_ones():
+    """rejudge (bench_trust_variants.py): a run's recorded signals through a fresh TrustMonitor. With
+    the recording's own config and calibration every level comes back (the effort signal recomputed
+    from its regressors, the response lag re-smoothed from its sums, interventions counted only at
+    FULL); a longer persistence sees the payload later by the difference."""
+    import dataclasses
+
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.learning import trust_eval as te
+    from robot_wm.paths import data_path
+
+    config = load_trust_config()[0]
+    cal = calib_io.load(data_path("models", "trust", "nominal.json"))
+    run = te.operate("nominal", 12.0, 3, calibration=cal, config=config, fault=("payload", 8.0))
+    again = te.rejudge(run, cal, config)
+    assert np.array_equal(again.level, run.level), (again.events, run.events)
+    assert again.events == run.events
+    assert np.allclose(te.with_lag_tau(run, config.lag_tau_s).raw["response_lag"], run.raw["response_lag"], equal_nan=True)
+    seen = te.detection_latency_periods(run)
+    later = te.detection_latency_periods(te.rejudge(run, cal, dataclasses.replace(config, min_duration_s=0.08)))
+    # 50 ms more persistence: 5 periods later, give or take one for the stamps' rounding
+    assert seen is not None and later is not None and later >= seen + 4, (seen, later)
+    with pytest.raises(ValueError, match="no response-lag sums"):
+        te.with_lag_tau(dataclasses.replace(run, lag_sums=None), 0.1)
+
+
+def test_a_trust_variant_is_parsed_over_the_configs_fields_and_a_bad_one_is_named():
+    """bench_trust_variants.py's ``--variant name=value[,name=value]``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        from bench_trust_variants import parse_variant
+    finally:
+        sys.path.pop(0)
+    base = TrustConfig()
+    assert parse_variant("base", base) is base
+    v = parse_variant("lag_tau_s=0.05, min_duration_s=0.02,tau_s=0.04/0.05/0.5/0.01/0.01", base)
+    assert (v.lag_tau_s, v.min_duration_s, v.tau_s[0], v.clean_hold_s) == (0.05, 0.02, 0.04, base.clean_hold_s)
+    with pytest.raises(ValueError, match="'lag_tau=0.1' is not name=value"):
+        parse_variant("lag_tau=0.1", base)
+    with pytest.raises(ValueError, match="min_duration_s='fast'"):
+        parse_variant("min_duration_s=fast", base)
+    with pytest.raises(ValueError, match="lag_tau_s=-1.0"):  # TrustConfig's own check
+        parse_variant("lag_tau_s=-1", base)
 
 
 def test_the_excitation_clock_starts_at_the_first_command_change_after_the_onset():

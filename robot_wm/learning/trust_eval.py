@@ -20,14 +20,16 @@ from __future__ import annotations
 import math
 import sys
 import time
+from copy import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust import Calibration, EffortModel, TrustConfig, TrustMonitor, calibrate
 from robot_wm.core.trust.effort import FEATURES, EffortSignal
-from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Ewma, Signal
+from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Ewma, ResponseLag, Signal
 from robot_wm.core.trust.tracker import TrustTracker
 
 #: The injector's fault classes with the sizes the benchmark uses (FaultInjector.apply arguments).
@@ -68,6 +70,8 @@ class Run:
     #: RMS over the joints of (predicted - measured) qdot, rad/s, of the prediction made a period before (NaN: none)
     velocity_error: np.ndarray | None = None
     swaps: list[tuple[float, str]] = field(default_factory=list)  # (t, world model version) of on_period's swaps
+    #: (T, 3) the response lag's inputs per period, (Σ e·Δv̂, Σ Δv̂², dt) (NaN: none), for ``with_lag_tau``
+    lag_sums: np.ndarray | None = None
 
 
 class RunRecorder:
@@ -159,6 +163,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     intervened, last_level, effort_mean = None, None, None
     feed_filter = calibration is not None  # a recording run has no verdict to give the filter
     run.velocity_error = np.full(n, np.nan)
+    run.lag_sums = np.full((n, 3), np.nan)
     last_pred = None
     fault_done = fault is None
     started = time.perf_counter()
@@ -222,6 +227,8 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                 ctrl.model = filt_wm
                 run.swaps.append((t, wm.version))
             t_arr[k], level[k] = t, int(out.level)
+            if tracker.last_lag_sums is not None:
+                run.lag_sums[k] = tracker.last_lag_sums
             for key, v in tracker.raw.items():
                 if v is not None:
                     raw[key][k] = v
@@ -276,6 +283,51 @@ def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config:
                      min_duration_s=config.min_duration_s)
 
 
+def with_lag_tau(run: Run, tau_s: float) -> Run:
+    """A copy of ``run`` whose ``response_lag`` is what ``ResponseLag(tau_s)`` makes of the recorded
+    per-period sums: the same run, seen through another lag window (``calibrate_run``, ``rejudge``)."""
+    if run.lag_sums is None:
+        raise ValueError(f"run on {run.profile}: no response-lag sums recorded (a run made before them)")
+    lag, values = ResponseLag(tau_s), np.full(len(run.t_s), np.nan)
+    for i, (cross, power, dt) in enumerate(run.lag_sums):
+        if math.isfinite(cross):
+            values[i] = lag.update(cross, power, dt)
+    out = copy(run)
+    out.raw = {**run.raw, Signal.LAG.value: values}
+    return out
+
+
+def rejudge(run: Run, calibration: Calibration, config: TrustConfig, dt_s: float = 0.01) -> Run:
+    """``run``'s recorded signals judged again by a fresh ``TrustMonitor`` (another config, another
+    calibration): a copy with its own ``level`` and ``events``. The effort signal is recomputed with
+    the calibration's effort model, the response lag with ``config.lag_tau_s``, and interventions
+    count only at FULL, as ``TrustTracker`` does. The motion is the recorded one, so up to the first
+    level the recording run did not have, this is exactly what the monitor would have said; judged
+    with the recording's own config and calibration, it gives the recording's levels back."""
+    monitor = TrustMonitor(config, calibration)
+    model = calibration.effort_model
+    effort = EffortSignal(EffortModel.from_dict(model, run.features.shape[1])) if model is not None else None
+    lag = with_lag_tau(run, config.lag_tau_s).raw[Signal.LAG.value] if run.lag_sums is not None else None
+    cols = [run.raw[s.value] for s in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION)]
+    level, events, last = np.zeros(len(run.t_s), int), [], None
+    for i, t in enumerate(run.t_s):
+        pe, dis, iv = (None if not math.isfinite(c[i]) else float(c[i]) for c in cols)
+        eff = None
+        if effort is not None and np.all(np.isfinite(run.features[i])):
+            eff = effort.update(run.features[i], run.effort_nm[i], dt_s)
+        if iv is not None and monitor.level != TrustLevel.FULL:
+            iv = 0.0
+        out = monitor.step(float(t), prediction_error=pe, disagreement=dis, intervened=None if iv is None else bool(iv),
+                           effort_error=eff, response_lag=None if lag is None or not math.isfinite(lag[i]) else float(lag[i]))
+        level[i] = int(out.level)
+        if out.level != last:
+            events.append((float(t), out.level.name, out.reason))
+            last = out.level
+    judged = copy(run)
+    judged.level, judged.events = level, events
+    return judged
+
+
 def level_drops(run: Run, after_s: float = 3.0) -> np.ndarray:
     """Times (s) at which the level left FULL (after ``after_s``, the start-up)."""
     full = run.level == 0
@@ -290,7 +342,7 @@ def detection_latency_periods(run: Run, dt_s: float = 0.01) -> float | None:
 
 
 __all__ = ["BASE_SIGNALS", "DYNAMIC_FAULTS", "FAULTS", "Run", "RunRecorder", "calibrate_run", "detection_latency_periods",
-           "excitation_delay_periods", "level_drops", "operate", "smooth"]
+           "excitation_delay_periods", "level_drops", "operate", "rejudge", "smooth", "with_lag_tau"]
 
 
 def excitation_delay_periods(run: Run, dt_s: float = 0.01, min_change_radps: float = 0.01) -> float | None:

@@ -61,6 +61,7 @@ class TrustTracker:
         self._pending: list[tuple[float, list, list, list]] = []  # (for stamp, mean, epistemic, aleatoric std)
         self._prev: tuple[float, np.ndarray] | None = None  # (stamp, qdot) of the previous measurement
         self.raw: dict[str, float | None] = {}
+        self.last_lag_sums: tuple[float, float, float] | None = None  # of the latest measurement (None: no lag)
         self._last_state: tuple | None = None  # (gravity, inertial, q̇, q̈) of the last measurement with efforts
 
     @property
@@ -109,6 +110,7 @@ class TrustTracker:
         pred = self._prediction_for(t_s)
         pe = dis = eff = lag = None
         self.last_velocity_error: float | None = None  # RMS of predicted - measured qdot, rad/s (this period)
+        self.last_lag_sums = None  # (Σ e·Δv̂, Σ Δv̂², dt) this period's response lag was updated with
         if pred is not None and finite:
             target, mean, epi, ale = pred
             if len(mean) == len(q) + len(qd) and q.ndim == qd.ndim == 1:
@@ -119,7 +121,8 @@ class TrustTracker:
                 pe, dis, self.last_velocity_error, cross, power = period_signals(
                     mean, epi, ale, q.tolist(), qd.tolist(), None if start is None else start[1].tolist())
                 if start is not None:
-                    lag = self.lag.update(cross, power, t_s - start[0])
+                    self.last_lag_sums = (cross, power, t_s - start[0])
+                    lag = self.lag.update(*self.last_lag_sums)
         if intervened is not None and self.monitor.level != TrustLevel.FULL:
             intervened = False
         self._last_state = None

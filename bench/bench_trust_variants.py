@@ -1,0 +1,155 @@
+"""Benchmark: the trust monitor's settings compared on the same recorded runs (library mode).
+
+``bench_trust.py`` measures one configuration, and every trial operates the arm again. Choosing a
+setting (the response lag's window, the persistence, a signal's smoothing) means comparing many, on
+the same motion. This records once per profile, as ``bench_trust.py`` does (the same calibration
+run, the same fault times and seeds): the calibration run and every fault trial, with the monitor
+watching but never acting (thresholds at infinity, so the arm's motion does not depend on any
+verdict). Then each variant of ``config/trust.yaml`` is calibrated on the calibration run and judges
+every trial through a fresh ``TrustMonitor`` (``trust_eval.rejudge``): the detection latency per
+fault class in periods (p50/p90, also from the first command change after the onset) and each
+variant's thresholds. That is exactly what the monitor would have said up to its first level drop,
+which is what a detection latency is.
+
+    python bench/bench_trust_variants.py [--profiles real_twin] [--faults latency payload push] [--trials 10]
+        [--variant base: --variant lag_tau_s=0.05 --variant lag_tau_s=0.2,min_duration_s=0.02 ...]
+
+A variant is ``name=value[,name=value]`` over TrustConfig's fields (``tau_s`` as ``a/b/c/d/e``);
+``base`` is config/trust.yaml as it is. The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_VARIANTS = ("base", "lag_tau_s=0.05", "lag_tau_s=0.2", "min_duration_s=0.02", "lag_tau_s=0.05,min_duration_s=0.02")
+
+
+def parse_variant(text: str, base):
+    """``name=value[,name=value]`` -> TrustConfig (``base`` for "base"); a bad one names what was wrong."""
+    if text.strip() == "base":
+        return base
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    changes = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"variant {text!r}: {part!r} is not name=value over {sorted(fields)}")
+        if name == "human_on_anomaly":
+            raise ValueError(f"variant {text!r}: human_on_anomaly does not change a detection")
+        try:
+            changes[name] = tuple(float(v) for v in value.split("/")) if name == "tau_s" else float(value)
+        except ValueError as exc:
+            raise ValueError(f"variant {text!r}: {name}={value!r}: {exc}") from exc
+    return dataclasses.replace(base, **changes)  # TrustConfig checks the values itself
+
+
+def record(profile: str, faults: list[str], trials: int, calibrate_s: float, seed: int):
+    """(calibration run, {(fault, k): run}) with bench_trust.py's calibration seed, fault times and seeds."""
+    from robot_wm.core.trust import Calibration
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.core.trust.signals import SIGNALS
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.learning import trust_eval as te
+    from robot_wm.learning.stack_eval import build_stack
+
+    config = load_trust_config()[0]
+    stack = build_stack(0.01)
+    version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01, analytic=False).version
+    watching = Calibration({s.value: math.inf for s in SIGNALS}, 0.5, version, "never acts", 0)  # the filter gets FULL
+    normal = te.operate(profile, calibrate_s, seed, config=config, stack=stack)
+    rng = np.random.default_rng(seed + 1)
+    runs = {}
+    for kind in te.FAULTS:  # every class draws its times, so that each trial is bench_trust.py's
+        for k in range(trials):
+            t_fault = float(rng.uniform(8.0, 12.0))
+            if kind in faults:
+                runs[(kind, k)] = te.operate(profile, t_fault + 3.0, seed + 100 + k, calibration=watching, config=config,
+                                             stack=stack, fault=(kind, t_fault))
+    return normal, runs, version
+
+
+def judge(variant, normal, runs: dict, version: str) -> dict:
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.learning import trust_eval as te
+
+    settings = load_trust_config()[1]
+    cal = te.calibrate_run(te.with_lag_tau(normal, variant.lag_tau_s), settings.exceedance, settings.floor_map(), variant,
+                           model_version=version, source="variant", alarms_per_hour=settings.alarms_per_hour)
+    by_kind: dict[str, dict] = {}
+    for (kind, _), run in runs.items():
+        judged = te.rejudge(run, cal, variant)
+        entry = by_kind.setdefault(kind, {"seen": [], "from_motion": [], "missed": 0})
+        latency, excited = te.detection_latency_periods(judged), te.excitation_delay_periods(judged)
+        if latency is None:
+            entry["missed"] += 1
+            continue
+        entry["seen"].append(latency)
+        if excited is not None:
+            entry["from_motion"].append(max(latency - excited, 0.0))
+
+    def pct(values, q):
+        return float(np.percentile(values, q)) if values else None
+
+    faults = {kind: {"detected": len(e["seen"]), "missed": e["missed"], "within_100ms": sum(1 for x in e["seen"] if x <= 10),
+                     "p50": pct(e["seen"], 50), "p90": pct(e["seen"], 90),
+                     "from_motion_p50": pct(e["from_motion"], 50), "from_motion_p90": pct(e["from_motion"], 90),
+                     "from_motion": e["from_motion"]}
+              for kind, e in by_kind.items()}
+    return {"thresholds": cal.thresholds, "faults": faults}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", nargs="+", default=["real_twin"])
+    parser.add_argument("--faults", nargs="+", default=["latency", "payload", "push"])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--calibrate-seconds", type=float, default=600.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", action="append", help="name=value[,name=value] over TrustConfig, or base (repeat)")
+    args = parser.parse_args()
+
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.learning import trust_eval as te
+
+    unknown = sorted(set(args.faults) - set(te.FAULTS))
+    if unknown:
+        parser.error(f"--faults: unknown {unknown}; the injector's classes are {sorted(te.FAULTS)}")
+    base, settings = load_trust_config()
+    need = 3.0 + 1.5 * 2.0 / settings.exceedance * 0.01  # as `robot-wm trust calibrate --live`: settle + two halves
+    if args.calibrate_seconds < need:
+        parser.error(f"--calibrate-seconds {args.calibrate_seconds:g} is too short for exceedance {settings.exceedance:g} "
+                     f"(config/trust.yaml): {math.ceil(need)} or more")
+    try:
+        variants = {text: parse_variant(text, base) for text in (args.variant or DEFAULT_VARIANTS)}
+    except ValueError as exc:
+        parser.error(str(exc))
+    results = {}
+    for profile in args.profiles:
+        t0 = time.perf_counter()
+        normal, runs, version = record(profile, args.faults, args.trials, args.calibrate_seconds, args.seed)
+        print(f"[{profile}] recorded {args.calibrate_seconds:g} s of normal operation and {len(runs)} trials "
+              f"in {time.perf_counter() - t0:.0f} s", flush=True)
+        results[profile] = {}
+        for text, variant in variants.items():
+            r = results[profile][text] = judge(variant, normal, runs, version)
+            parts = [f"{kind} p90 {f['p90']} (from motion p90 {f['from_motion_p90']}, missed {f['missed']})"
+                     for kind, f in r["faults"].items()]
+            print(f"[{profile}] {text:<40} lag threshold {r['thresholds'].get('response_lag', float('nan')):.3f}: "
+                  + "; ".join(parts), flush=True)
+    print(json.dumps({"profiles": results, "trials": args.trials, "calibrate_seconds": args.calibrate_seconds}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
