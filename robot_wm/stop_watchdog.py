@@ -112,6 +112,7 @@ class NativeExit:
             event = _SigEvent(value=code, notify=self._SIGEV_THREAD, function=self._exit_fn)
             timer = ctypes.c_void_p()
             if self._create(self._CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+                self.cancel()  # no kill left armed for the old code's deadline: faulthandler exits instead
                 return False
             self._timer, self._code = timer, code
         if self._kill_timer is None:
@@ -124,7 +125,7 @@ class NativeExit:
         return self._settime(self._timer, 0, ctypes.byref(_after(after_s)), None) == 0
 
     def cancel(self) -> None:
-        if self._kill_timer is not None:  # the kill first: never a moment with only the kill armed
+        if self._kill_timer is not None:  # the kill first: it must never outlive the _exit it backs up
             self._delete(self._kill_timer)
             self._kill_timer = None
         if self._timer is not None:

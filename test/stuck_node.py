@@ -15,7 +15,8 @@
 - ``atexit_hang``: the stop is done, then a driver's atexit handler never returns;
 - ``exit_hang``: the stop is done, then the interpreter's own exit would hang in C code holding the GIL
   (a C++ static destructor that never returns); the driver registered an atexit handler, which must run;
-- ``kept``: the node keeps itself in a module global, so it outlives its teardown.
+- ``kept``: the node keeps itself in a module global, so it outlives its teardown;
+- ``raising``: a timer callback raises, which ends the run (its traceback's frames hold the node).
 """
 from __future__ import annotations
 
@@ -144,10 +145,19 @@ class Kept(Quiet):
         super().__init__(context, "kept")
 
 
+class Raising(Quiet):
+    def __init__(self, context=None) -> None:
+        super().__init__(context, "raising")
+        self.create_timer(0.5, self._tick)
+
+    def _tick(self) -> None:
+        raise RuntimeError("encoder read failed")
+
+
 if __name__ == "__main__":
     kinds = {"destroy": StuckDestroy, "callback": StuckCallback, "gil": StuckHoldingTheGil, "gil_bare": BareHoldingTheGil,
              "slow_rest": SlowRest,
              "gil_rest": SlowRestHoldingTheGil, "raising_rest": RaisingRest, "usr1": OwnSignal,
              "free_hang": FreeHang, "atexit_hang": AtexitHang,
-             "exit_hang": ExitHang, "kept": Kept}
+             "exit_hang": ExitHang, "kept": Kept, "raising": Raising}
     main_for(kinds[sys.argv.pop(1)], executor_kind="single")()

@@ -161,8 +161,12 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
             nodes.clear()
             node = executor = None
             gc.collect()
-            _warn_kept(refs)
             context.destroy()
+            # (an exception on its way out holds, through its traceback and the executor's task, the node
+            # whose callback raised: the run failed anyway, and its traceback says where)
+            if sys.exc_info()[1] is None:
+                with contextlib.suppress(OSError, ValueError):  # a closed stderr must not fail a finished stop
+                    _warn_kept(refs)
         except BaseException:
             watchdog.failed = True
             raise
@@ -189,16 +193,27 @@ def _weak_refs(nodes: list[Node]) -> list[tuple[str, weakref.ref]]:
 def _warn_kept(refs: list[tuple[str, weakref.ref]]) -> None:
     """Say which nodes survived the teardown's collection, and what holds them: such a node, and what
     it holds (its publishers, timers, a driver's device), is never freed by this process, whose exit
-    skips the interpreter's finalization. The usual cause is a module global or a thread keeping it."""
+    skips the interpreter's finalization. The usual causes: a module global, or a thread still
+    running one of its methods."""
+    here = inspect.currentframe()
     for name, ref in refs:
         node = ref()
         if node is None:
             continue
-        holders = sorted({f"module {r['__name__']}" if isinstance(r, dict) and "__builtins__" in r and "__name__" in r
-                          else type(r).__name__ for r in gc.get_referrers(node) if not inspect.isframe(r)})
+        holders = sorted({_holder(r) for r in gc.get_referrers(node) if r is not here})
         del node
         print(f"[robot_wm] node {name!r} is still referenced after the teardown (by {', '.join(holders) or 'C code'}): "
-              "it and what it holds are never freed; keep no reference to a node outside the runner", file=sys.stderr)
+              "it and what it holds are never freed", file=sys.stderr)
+
+
+def _holder(referrer) -> str:
+    """A referrer as a person can find it: a module by name, a frame by function and line."""
+    if inspect.isframe(referrer):
+        code = referrer.f_code
+        return f"frame of {code.co_name} ({os.path.basename(code.co_filename)}:{referrer.f_lineno})"
+    if isinstance(referrer, dict) and "__builtins__" in referrer and "__name__" in referrer:
+        return f"module {referrer['__name__']}"
+    return type(referrer).__name__
 
 
 def _before_shutdown(nodes: list[Node], watchdog: StopWatchdog) -> bool:
