@@ -3,15 +3,19 @@
 ``bench_trust.py`` measures one configuration, and every trial operates the arm again. Choosing a
 setting (the response lag's window, the persistence, a signal's smoothing) means comparing many, on
 the same motion. This records once per profile, as ``bench_trust.py`` does (the same calibration
-run, the same fault times and seeds): the calibration run and every fault trial, with the monitor
-watching but never acting (thresholds at infinity, so the arm's motion does not depend on any
-verdict). Then each variant of ``config/trust.yaml`` is calibrated on the calibration run and judges
+run at the same ``--calibrate-seconds``, the same fault times and seeds): the calibration run and
+every fault trial, with the monitor watching but never acting (thresholds at infinity: after its
+start-up climb the filter is told FULL whatever happens, so the motion depends on no verdict). Then each variant of ``config/trust.yaml`` is calibrated on the calibration run and judges
 every trial through a fresh ``TrustMonitor`` (``trust_eval.rejudge``): the detection latency per
 fault class in periods (p50/p90, also from the first command change after the onset) and each
-variant's thresholds. That is exactly what the monitor would have said up to its first level drop,
-which is what a detection latency is.
+variant's thresholds. That is what the monitor would have said up to its first level drop, which is
+what a detection latency is; a trial the variant does not see at FULL at the onset (a drop before
+it) is counted as such, not as a detection. The settings that shape the start-up and the recovery
+(``clean_hold_s``, ``stale_s``, ``stop_stale_s``, ``human_after_s``) cannot be judged on a recorded
+motion and are refused.
 
     python bench/bench_trust_variants.py [--profiles real_twin] [--faults latency payload push] [--trials 10]
+        [--calibrate-seconds 600]
         [--variant base: --variant lag_tau_s=0.05 --variant lag_tau_s=0.2,min_duration_s=0.02 ...]
 
 A variant is ``name=value[,name=value]`` over TrustConfig's fields (``tau_s`` as ``a/b/c/d/e``);
@@ -39,14 +43,16 @@ def parse_variant(text: str, base):
     if text.strip() == "base":
         return base
     fields = {f.name: f for f in dataclasses.fields(base)}
+    unjudgeable = ("clean_hold_s", "stale_s", "stop_stale_s", "human_after_s", "human_on_anomaly")
     changes = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in fields:
             raise ValueError(f"variant {text!r}: {part!r} is not name=value over {sorted(fields)}")
-        if name == "human_on_anomaly":
-            raise ValueError(f"variant {text!r}: human_on_anomaly does not change a detection")
+        if name in unjudgeable:
+            raise ValueError(f"variant {text!r}: {name} shapes the start-up or the recovery, which a recorded motion "
+                             "cannot show: measure it with bench_trust.py")
         try:
             changes[name] = tuple(float(v) for v in value.split("/")) if name == "tau_s" else float(value)
         except ValueError as exc:
@@ -66,7 +72,7 @@ def record(profile: str, faults: list[str], trials: int, calibrate_s: float, see
     config = load_trust_config()[0]
     stack = build_stack(0.01)
     version = WorldModelRunner(stack.world_model_path, tuple(stack.kinematics.joint_names), 0.01, analytic=False).version
-    watching = Calibration({s.value: math.inf for s in SIGNALS}, 0.5, version, "never acts", 0)  # the filter gets FULL
+    watching = Calibration({s.value: math.inf for s in SIGNALS}, 0.5, version, "never acts", 0)  # FULL after the climb
     normal = te.operate(profile, calibrate_s, seed, config=config, stack=stack)
     rng = np.random.default_rng(seed + 1)
     runs = {}
@@ -89,7 +95,11 @@ def judge(variant, normal, runs: dict, version: str) -> dict:
     by_kind: dict[str, dict] = {}
     for (kind, _), run in runs.items():
         judged = te.rejudge(run, cal, variant)
-        entry = by_kind.setdefault(kind, {"seen": [], "from_motion": [], "missed": 0})
+        entry = by_kind.setdefault(kind, {"seen": [], "from_motion": [], "missed": 0, "not_full_at_onset": 0})
+        before = judged.level[judged.t_s < judged.fault_t_s]
+        if before.size == 0 or before[-1] != 0:  # dropped before the onset (a false alarm), or never FULL
+            entry["not_full_at_onset"] += 1
+            continue
         latency, excited = te.detection_latency_periods(judged), te.excitation_delay_periods(judged)
         if latency is None:
             entry["missed"] += 1
@@ -101,7 +111,8 @@ def judge(variant, normal, runs: dict, version: str) -> dict:
     def pct(values, q):
         return float(np.percentile(values, q)) if values else None
 
-    faults = {kind: {"detected": len(e["seen"]), "missed": e["missed"], "within_100ms": sum(1 for x in e["seen"] if x <= 10),
+    faults = {kind: {"detected": len(e["seen"]), "missed": e["missed"], "not_full_at_onset": e["not_full_at_onset"],
+                     "within_100ms": sum(1 for x in e["seen"] if x <= 10),
                      "p50": pct(e["seen"], 50), "p90": pct(e["seen"], 90),
                      "from_motion_p50": pct(e["from_motion"], 50), "from_motion_p90": pct(e["from_motion"], 90),
                      "from_motion": e["from_motion"]}
@@ -126,7 +137,7 @@ def main() -> int:
     if unknown:
         parser.error(f"--faults: unknown {unknown}; the injector's classes are {sorted(te.FAULTS)}")
     base, settings = load_trust_config()
-    need = 3.0 + 1.5 * 2.0 / settings.exceedance * 0.01  # as `robot-wm trust calibrate --live`: settle + two halves
+    need = 3.0 + 2.0 * (1.0 / settings.exceedance) * 0.01  # the settle, then two halves of 1/exceedance periods
     if args.calibrate_seconds < need:
         parser.error(f"--calibrate-seconds {args.calibrate_seconds:g} is too short for exceedance {settings.exceedance:g} "
                      f"(config/trust.yaml): {math.ceil(need)} or more")
@@ -143,7 +154,8 @@ def main() -> int:
         results[profile] = {}
         for text, variant in variants.items():
             r = results[profile][text] = judge(variant, normal, runs, version)
-            parts = [f"{kind} p90 {f['p90']} (from motion p90 {f['from_motion_p90']}, missed {f['missed']})"
+            parts = [f"{kind} p90 {f['p90']} (from motion p90 {f['from_motion_p90']}, missed {f['missed']}, "
+                     f"not FULL at the onset {f['not_full_at_onset']})"
                      for kind, f in r["faults"].items()]
             print(f"[{profile}] {text:<40} lag threshold {r['thresholds'].get('response_lag', float('nan')):.3f}: "
                   + "; ".join(parts), flush=True)

@@ -258,8 +258,11 @@ def test_a_recorded_run_judged_again_gives_its_own_levels_back_and_a_stricter_co
     assert np.array_equal(again.level, run.level), (again.events, run.events)
     assert again.events == run.events
     assert np.allclose(te.with_lag_tau(run, config.lag_tau_s).raw["response_lag"], run.raw["response_lag"], equal_nan=True)
-    seen = te.detection_latency_periods(run)
-    later = te.detection_latency_periods(te.rejudge(run, cal, dataclasses.replace(config, min_duration_s=0.08)))
+    # a run whose monitor only watches (the filter's levels depend on no verdict) judged two ways
+    watching = Calibration({s: math.inf for s in cal.thresholds}, 0.5, cal.model_version, "never acts", 0)
+    watched = te.operate("nominal", 12.0, 3, calibration=watching, config=config, fault=("payload", 8.0))
+    seen = te.detection_latency_periods(te.rejudge(watched, cal, config))
+    later = te.detection_latency_periods(te.rejudge(watched, cal, dataclasses.replace(config, min_duration_s=0.08)))
     # 50 ms more persistence: 5 periods later, give or take one for the stamps' rounding
     assert seen is not None and later is not None and later >= seen + 4, (seen, later)
     with pytest.raises(ValueError, match="no response-lag sums"):
@@ -283,6 +286,8 @@ def test_a_trust_variant_is_parsed_over_the_configs_fields_and_a_bad_one_is_name
         parse_variant("min_duration_s=fast", base)
     with pytest.raises(ValueError, match="lag_tau_s=-1.0"):  # TrustConfig's own check
         parse_variant("lag_tau_s=-1", base)
+    with pytest.raises(ValueError, match="clean_hold_s shapes the start-up or the recovery"):
+        parse_variant("clean_hold_s=3", base)
 
 
 def test_the_excitation_clock_starts_at_the_first_command_change_after_the_onset():

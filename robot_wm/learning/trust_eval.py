@@ -297,24 +297,25 @@ def with_lag_tau(run: Run, tau_s: float) -> Run:
     return out
 
 
-def rejudge(run: Run, calibration: Calibration, config: TrustConfig, dt_s: float = 0.01) -> Run:
+def rejudge(run: Run, calibration: Calibration, config: TrustConfig) -> Run:
     """``run``'s recorded signals judged again by a fresh ``TrustMonitor`` (another config, another
     calibration): a copy with its own ``level`` and ``events``. The effort signal is recomputed with
     the calibration's effort model, the response lag with ``config.lag_tau_s``, and interventions
-    count only at FULL, as ``TrustTracker`` does. The motion is the recorded one, so up to the first
-    level the recording run did not have, this is exactly what the monitor would have said; judged
-    with the recording's own config and calibration, it gives the recording's levels back."""
+    count only at FULL, as ``TrustTracker`` does (a run recorded before the lag's sums: its recorded
+    lag). The motion is the recorded one, so up to the first level the recording run did not have,
+    this is what the monitor would have said (to rounding); judged with the recording's own config
+    and calibration, it gives the recording's levels back."""
     monitor = TrustMonitor(config, calibration)
     model = calibration.effort_model
     effort = EffortSignal(EffortModel.from_dict(model, run.features.shape[1])) if model is not None else None
-    lag = with_lag_tau(run, config.lag_tau_s).raw[Signal.LAG.value] if run.lag_sums is not None else None
+    lag = (with_lag_tau(run, config.lag_tau_s) if run.lag_sums is not None else run).raw.get(Signal.LAG.value)
     cols = [run.raw[s.value] for s in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION)]
     level, events, last = np.zeros(len(run.t_s), int), [], None
     for i, t in enumerate(run.t_s):
         pe, dis, iv = (None if not math.isfinite(c[i]) else float(c[i]) for c in cols)
         eff = None
-        if effort is not None and np.all(np.isfinite(run.features[i])):
-            eff = effort.update(run.features[i], run.effort_nm[i], dt_s)
+        if effort is not None and i > 0 and np.all(np.isfinite(run.features[i])):  # over the interval, as the tracker
+            eff = effort.update(run.features[i], run.effort_nm[i], float(t - run.t_s[i - 1]))
         if iv is not None and monitor.level != TrustLevel.FULL:
             iv = 0.0
         out = monitor.step(float(t), prediction_error=pe, disagreement=dis, intervened=None if iv is None else bool(iv),
