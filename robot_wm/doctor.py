@@ -318,14 +318,16 @@ def _check_timeout(probe: _DriverProbe, limits, timeout_s: float | None, rest_ma
     limit_s = timeout_s + rest_margin_s
     stopped_by_doctor = False
     q_start = probe.states[-1][2][j]
-    duration_s = _PROBE_S
-    for sign in (1.0, -1.0):  # there and back (for as long as the way there took): the arm ends near where it was
+    duration_s, coast = _PROBE_S, 0.0
+    for sign in (1.0, -1.0):  # there and back: the arm ends near where it was
         command = np.zeros(n)
         command[j] = sign * speed
         # the driver may match this publisher after it matched the driver (discovery on a loaded machine):
         # command until the joint follows, for up to _FOLLOW_WAIT_S, then judge the next duration_s
         probe.command(pub, command, _FOLLOW_WAIT_S,
                       until=lambda: len(probe.states[-1][3]) == n and sign * probe.states[-1][3][j] > 0.5 * speed)
+        if sign < 0:  # back: for what is left of the way from here, less the coasting after the last command
+            duration_s = min(max(abs(probe.states[-1][2][j] - q_start) - coast, 0.0) / speed, 2 * _PROBE_S)
         t_start = time.time()
         t_last = probe.command(pub, command, duration_s)
         probe.spin_until(lambda: rest_s(t_last) is not None, limit_s + 1.0)
@@ -336,7 +338,8 @@ def _check_timeout(probe: _DriverProbe, limits, timeout_s: float | None, rest_ma
             probe.command(pub, np.zeros(n), 0.2)  # the arm's timeout failed: stop it with zero commands
             stopped_by_doctor = True
             break
-        duration_s = min(abs(probe.states[-1][2][j] - q_start) / speed, 2 * _PROBE_S)
+        at_last = [s[2][j] for s in probe.states if s[0] <= t_last and len(s[2]) == n]
+        coast = abs(probe.states[-1][2][j] - at_last[-1]) if at_last else 0.0  # the timeout, then the deceleration
     checks = []
     if min(followed) < 0.5 * speed:
         checks.append(Check("FAIL", "driver: commands", f"commanded {limits.names[j]} at {speed:.3f} rad/s, it moved at "
