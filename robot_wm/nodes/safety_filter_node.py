@@ -127,15 +127,17 @@ class SafetyFilterNode(ControlNode):
         from robot_wm.core.task import load_task
 
         self.model_dt_s = load_task().control_dt_s  # the step the shipped world model predicts
-        self.use_model = abs(self.period_s - self.model_dt_s) < 1e-9
+        # at the model's step, or a shorter period (the 500 Hz gate): the model's newest linearization, aged
+        self.use_model = self.period_s <= self.model_dt_s + 1e-9
         if not self.use_model and require_model:
             raise NodeConfigError(
-                f"safety_filter: control_period_s={self.period_s:g} s differs from the world model's step "
-                f"{self.model_dt_s:g} s (config/task.yaml control_dt_s): run at the model's period, or set "
+                f"safety_filter: control_period_s={self.period_s:g} s is longer than the world model's step "
+                f"{self.model_dt_s:g} s (config/task.yaml control_dt_s): run at the model's period or faster, or set "
                 "require_model:=false to filter with the kinematic model at this rate")
         try:
             self.config = ControllerConfig(
-                dt_s=self.period_s, require_model=require_model, latch_stale=latch_stale, default_trust_level=level,
+                dt_s=self.period_s, model_dt_s=self.model_dt_s if self.use_model else None, require_model=require_model,
+                latch_stale=latch_stale, default_trust_level=level,
                 default_phase=phase, trust_timeout_s=trust_timeout, force_sensor=force_sensor, ft_frame=self.ft_frame,
                 tare_window_s=tare_window, tare_max_bias_n=tare_bias, tare_max_payload_kg=tare_payload, tare_tolerance_n=tare_tol,
                 payload_accel_tau_s=payload_tau, slack_tolerance=tuple(slack_tol), slack_time_s=slack_time, auto_enable=enable)
@@ -242,14 +244,14 @@ class SafetyFilterNode(ControlNode):
         runner = None
         try:
             if not self.use_model:
-                raise ValueError(f"its {self.model_dt_s:g} s step is not this filter's {self.period_s:g} s period")
+                raise ValueError(f"its {self.model_dt_s:g} s step is shorter than this filter's {self.period_s:g} s period")
             path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
-            runner = WorldModelRunner(path, self.joint_names, self.period_s)
+            runner = WorldModelRunner(path, self.joint_names, self.model_dt_s)
             self.get_logger().info(f"world model {runner.version} loaded from {path}; linearized by {runner.linearization}")
             if not self.model_path and self._swap is None:  # registry-managed: updates are swapped in between periods
                 from robot_wm.nodes.model_swap import WorldModelSwap
 
-                self._swap = WorldModelSwap(self, self.task, self.joint_names, self.period_s, analytic=True)
+                self._swap = WorldModelSwap(self, self.task, self.joint_names, self.model_dt_s, analytic=True)
         except (ModelError, ValueError, OSError) as exc:
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
             self.get_logger().error(f"world model unavailable ({exc}); "

@@ -20,6 +20,9 @@ class ControllerConfig:
 
     Attributes:
         dt_s: control period, s.
+        model_dt_s: the world model's step, s (None: ``dt_s``). Longer than ``dt_s``: the model is
+            linearized once per model step and aged in the periods between
+            (``robot_wm.core.safety.multirate``).
         require_model: a missing or implausible world model is a FAULT (else: kinematic model).
         latch_stale: stale inputs latch like malformed ones (else: stop while stale).
         default_trust_level, default_phase: the trust level and phase before the first TrustState.
@@ -49,6 +52,7 @@ class ControllerConfig:
     """
 
     dt_s: float
+    model_dt_s: float | None = None
     require_model: bool = True
     latch_stale: bool = False
     default_trust_level: int = TrustLevel.STOP
@@ -73,6 +77,11 @@ class ControllerConfig:
                 raise ValueError(f"ControllerConfig.{name}={getattr(self, name)!r}: expected a number in (0, {high:g}]")
 
         positive("dt_s", 1.0)
+        if self.model_dt_s is not None:
+            m = as_scalar(self.model_dt_s)
+            if m is None or not self.dt_s <= m <= 1.0:
+                raise ValueError(f"ControllerConfig.model_dt_s={self.model_dt_s!r}: expected the world model's step in "
+                                 f"[dt_s={self.dt_s:g}, 1] s (a filter period longer than the model's step cannot use it)")
         for name in ("trust_timeout_s", "tare_window_s", "tare_max_bias_n", "tare_max_payload_kg", "tare_tolerance_n",
                      "standstill_radps", "slack_time_s"):
             positive(name)

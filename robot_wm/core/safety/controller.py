@@ -44,6 +44,7 @@ from robot_wm.core.safety.inputs import (
     parse_trust,
 )
 from robot_wm.core.safety.limits import Phase, SafetyLimits, ScaleFactors, TrustLevel
+from robot_wm.core.safety.multirate import ModelSchedule
 from robot_wm.core.safety.qp import SafetyFilter
 from robot_wm.core.safety.supervisor import SafetySupervisor
 from robot_wm.core.safety.types import (
@@ -127,6 +128,11 @@ class SafetyController:
         self.payload_accel = (PayloadAcceleration(kinematics, config.ft_frame, config.payload_accel_tau_s, 3 * config.dt_s,
                                                   PAYLOAD_QDD_FACTOR * np.asarray(limits.acceleration_max_radps2))
                               if config.force_sensor and config.payload_accel_tau_s > 0 else None)
+        m_dt = config.model_dt_s
+        self.schedule = (ModelSchedule(m_dt, config.dt_s, self.filter.hw_velocity_radps, self.filter.joint_names)
+                         if m_dt is not None and m_dt > config.dt_s * (1 + 1e-9) else None)
+        # the policy runs at the model's step: its nominal ages in those periods, not the filter's
+        self._nominal_period_s = config.dt_s if self.schedule is None else float(m_dt)
         self.last_command = np.zeros(self.n)  # what was sent last period: zero before the first
         self.qdot_smoothed: np.ndarray | None = None  # measured velocity low-passed for the standstill check
         self.last_output: ControllerOutput | None = None
@@ -303,7 +309,9 @@ class SafetyController:
     def _finish(self, out: ControllerOutput) -> None:
         self.last_command = np.array(out.u_safe_radps, dtype=float)
         self.last_output = out
-        if self.model is not None:
+        if self.schedule is not None:
+            self.schedule.sent(self.last_command)  # committed once per model step (the step's mean)
+        elif self.model is not None:
             try:  # the world model conditions on the commands actually sent
                 self.model.commit(self.last_command)
             except Exception as exc:  # noqa: BLE001 (a broken model latches; the command stands)
@@ -347,10 +355,10 @@ class SafetyController:
         self._noted.clear()
         ages: list[tuple[str, float]] = []
 
-        def stamped(name: str, stamp_s) -> None:
+        def stamped(name: str, stamp_s, period_s: float = dt) -> None:
             problem = check_stamp(name, stamp_s, now, dt)
             if problem is None:
-                ages.append((name, (now - float(stamp_s)) / dt))
+                ages.append((name, (now - float(stamp_s)) / period_s))  # in the periods it comes at
             else:
                 problems.append(problem)
 
@@ -368,7 +376,7 @@ class SafetyController:
         if nominal is not None:
             u_nom, problem = check_nominal(nominal, n)
             if problem is None:
-                stamped("nominal command", nominal.stamp_s)
+                stamped("nominal command", nominal.stamp_s, self._nominal_period_s)
             else:
                 problems.append(problem)
         level, phase = self._trust(now, trust, problems)
@@ -379,7 +387,7 @@ class SafetyController:
             problems.append(Problem(FaultKind.STALE, f"stale input: {age_name} {age:.3g} periods old > "
                                     f"stale_limit_periods {self.limits.stale_limit_periods}"))
         # the world model is checked every period, latched or not: a reset is refused while it is broken
-        model, model_checked = self._linearize(q, qd, u_nom, problems) if q is not None else (None, False)
+        model, model_checked = self._linearize(now, q, qd, u_nom, problems) if q is not None else (None, False)
         problem = next((p for p in problems if p.kind.latches), problems[0] if problems else None)
         sup.record_problem(problem)
         extra = dict(latches=(), input_age_periods=age, trust_level=level, phase=phase, force_base_n=force)
@@ -393,8 +401,9 @@ class SafetyController:
                                      extra)
         s = self._scales(level, phase)
         if np.isfinite(self.last_command).all():  # every input checked above: the QP need not parse them again
+            q_age = age if self.schedule is None else max(age, self.schedule.age_s(now) / dt)  # the model's, too
             out = self.filter.filter_checked(ParsedInput(q, qd, u_nom, self.last_command, model, force, s.speed,
-                                                         s.acceleration, age, elapsed), model_checked)
+                                                         s.acceleration, q_age, elapsed), model_checked)
         else:  # (never: the filter only commands finite values) let the filter's own checks name it
             out = self.filter.filter(FilterInput(
                 q_rad=q, qdot_radps=qd, u_nominal_radps=u_nom, u_prev_radps=self.last_command, model=model,
@@ -412,7 +421,7 @@ class SafetyController:
         return ControllerOutput(**{name: fields[name] for name in _FILTER_FIELDS}, **dict(extra, latches=sup.latch_names()))
 
     # ------------------------------------------------------------------ pieces of the period
-    def _linearize(self, q, qd, u_nom, problems: list[Problem]) -> tuple[LinearizedModel | None, bool]:
+    def _linearize(self, now, q, qd, u_nom, problems: list[Problem]) -> tuple[LinearizedModel | None, bool]:
         """The world model's linearization about the nominal (zero before the first), or None; and
         whether it passed ``check_model`` at ``q`` (then the QP does not check it again)."""
         if self.model is None:
@@ -421,14 +430,22 @@ class SafetyController:
             return None, False
         u = u_nom if u_nom is not None else np.zeros(self.n)
         try:
-            lin = LinearizedModel(*self.model.linearize_with_std(q, qd, u))
+            if self.schedule is not None:  # the model's step is longer: its newest linearization, aged to now
+                if self.schedule.due(self.model, now):
+                    self.schedule.renew(self.model, now, q, qd, u)
+                lin, checked = self.schedule.current(q, qd, u)
+            else:
+                lin = LinearizedModel(*self.model.linearize_with_std(q, qd, u))
         except Exception as exc:  # noqa: BLE001 (onnxruntime raises its own types)
             problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: "
                                                      f"{type(exc).__name__}: {exc}"))
             return None, False
-        checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
+        if self.schedule is None:
+            checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
+        elif checked is None:
+            return lin, True  # checked at the model's step when it was taken; aging keeps it plausible
         if isinstance(checked, Problem):
-            if checked.kind == FaultKind.MODEL or self.config.require_model:
+            if lin is None or checked.kind == FaultKind.MODEL or self.config.require_model:
                 problems.append(checked)
                 return None, False
             return lin, False  # the QP replaces it by the kinematic model this period and says so
