@@ -21,7 +21,7 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 
-def _per_node_params_file(nodes, parameters) -> str:
+def _per_node_params_file(nodes, parameters, own=None) -> str:
     import atexit
     import os
     import tempfile
@@ -29,7 +29,7 @@ def _per_node_params_file(nodes, parameters) -> str:
     import yaml
 
     with tempfile.NamedTemporaryFile("w", prefix="robot_wm_composed_", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump({node: {"ros__parameters": dict(parameters)} for node in nodes}, f)
+        yaml.safe_dump({node: {"ros__parameters": {**parameters, **(own or {}).get(node, {})}} for node in nodes}, f)
     atexit.register(lambda path=f.name: os.path.exists(path) and os.remove(path))  # when ros2 launch exits
     return f.name
 
@@ -70,15 +70,21 @@ def _nodes(context):
     elif joint_calibration:
         log.warning(f"joint_calibration_file is applied by robot_wm's Python drivers; for the ros2_control arm "
                     f"{hardware!r} set each joint's transmission joint_offset to minus its offset_rad instead")
+    filter_rate = LaunchConfiguration("filter_rate").perform(context).strip()
+    try:
+        filter_rate_hz = float(filter_rate) if filter_rate else None
+    except ValueError:
+        raise graph.GraphError(f"filter_rate:={filter_rate!r}: expected the safety filter's rate in Hz, e.g. 500") from None
     for spec in graph.plan(hardware, hardware_params=hardware_params, overrides=overrides, composed=composed,
-                           enable=enable, task=task, trust=trust, learn=learn, installed=_installed, warn=log.warning):
+                           enable=enable, task=task, trust=trust, learn=learn, installed=_installed, warn=log.warning,
+                           filter_rate_hz=filter_rate_hz):
         params = [str(p) for p in spec.param_files]
         inline = dict(spec.parameters)
-        if inline:
+        if inline or spec.node_parameters:
             # launch_ros writes an inline dict under /** when the node has no namespace, and /** loses
             # to the node's own section of the params files (control.yaml's enable_on_start: false):
             # give the node (or each node a composed process hosts) a section of its own instead
-            params.append(_per_node_params_file(spec.composes or (spec.name,), inline))
+            params.append(_per_node_params_file(spec.composes or (spec.name,), inline, spec.node_parameters))
             inline = {}
         actions.append(
             Node(
@@ -125,5 +131,8 @@ def generate_launch_description():
         DeclareLaunchArgument("realtime_priority", default_value="0",
                               description="SCHED_FIFO priority 1..98 of the control and embedded-arm processes "
                                           "(0: the normal scheduler; needs CAP_SYS_NICE or an rtprio limit)"),
+        DeclareLaunchArgument("filter_rate", default_value="",
+                              description="the safety filter's own rate in Hz, e.g. 500 (the arm's joint-state rate); "
+                                          "empty: the control rate of config/control.yaml"),
         OpaqueFunction(function=_nodes),
     ])

@@ -85,7 +85,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
             return 2
         overrides["joint_calibration_file"] = str(Path(args.joint_calibration).resolve())
     specs = plan(args.hardware, overrides=overrides, composed=args.composed, enable=args.enable, task=args.task,
-                 trust=not args.no_trust, learn=args.learn)
+                 trust=not args.no_trust, learn=args.learn, filter_rate_hz=args.filter_rate)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learn", action="store_true",
                    help="run the online learner: it adapts the world model to the arm while it runs and the nodes "
                         "swap accepted models in (config/adaptation.yaml)")
+    p.add_argument("--filter-rate", type=float, default=None, metavar="HZ",
+                   help="the safety filter's own rate, e.g. 500 (the arm's joint-state rate; best --composed): the policy "
+                        "and world model stay at 100 Hz, the filter ages the model's newest linearization")
     p.set_defaults(func=_cmd_up)
 
     p = verbs.add_parser("demo", help="the main job: the whole stack on the embedded arm, live status, summary and PNG report")

@@ -48,6 +48,7 @@ class ProcessSpec:
     arguments: tuple[str, ...] = ()
     parameters: dict[str, Any] = field(default_factory=dict)
     composes: tuple[str, ...] = ()  # node names a composed process hosts (their names are not remapped)
+    node_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)  # per hosted node, beyond ``parameters``
     fallback: ProcessSpec | None = None  # started instead where ``package`` is not installed (graph.yaml)
 
     @property
@@ -100,12 +101,16 @@ def _compose(specs: list[ProcessSpec], entry: Any) -> list[ProcessSpec]:
     if missing:
         raise GraphError(f"graph.yaml composed.nodes names {missing}, which are not in the stack")
     params: list[Path] = []
-    overrides: dict[str, Any] = {}
     for s in members:
         params += [p for p in s.param_files if p not in params]
-        overrides.update(s.parameters)  # the same overrides reach every hosted node (as when separate)
+    # what every hosted node gets alike (the plan's overrides), and what one of them gets alone
+    # (the safety filter's own period at --filter-rate, its default phase): as when separate
+    shared = {k: v for k, v in members[0].parameters.items()
+              if all(k in o.parameters and o.parameters[k] == v for o in members[1:])}
+    own = {s.name: {k: v for k, v in s.parameters.items() if k not in shared} for s in members}
     merged = ProcessSpec(entry["name"], entry["package"], entry["executable"], entry.get("module"), tuple(params),
-                         parameters=overrides, composes=tuple(s.name for s in members))
+                         parameters=shared, composes=tuple(s.name for s in members),
+                         node_parameters={name: p for name, p in own.items() if p})
     first = specs.index(members[0])
     rest = [s for s in specs if s not in members]
     return rest[:first] + [merged] + rest[first:]
@@ -159,6 +164,7 @@ def plan(
     task: str = "reach",
     trust: bool = True,
     learn: bool = False,
+    filter_rate_hz: float | None = None,
     installed: Callable[[str], bool] | None = None,
     warn: Callable[[str], None] | None = None,
     fallbacks: bool | None = None,
@@ -180,6 +186,10 @@ def plan(
             allowed on the embedded and example arms only — on hardware an operator enables it.
         task: the task the stack runs ("reach": goal_sequencer, "track": path_sequencer; graph.yaml
             ``tasks``); the policy node gets it as its ``task`` parameter.
+        filter_rate_hz: the safety filter's own rate (its ``control_period_s``), e.g. 500 for the arm's
+            joint-state rate while the policy and world model stay at theirs; None: the graph's. Above
+            the world model's rate the filter ages the model's newest linearization
+            (robot_wm.core.safety.multirate).
         installed: whether a ROS package can be started (the launch file passes an ament index
             lookup). None: only what has a Python module (the pip path, ``robot-wm up``). An entry
             with a ``fallback`` whose package cannot be started is replaced by its fallback.
@@ -207,6 +217,9 @@ def plan(
                          "on hardware an operator enables the safety filter (robot-wm reset)")
     if task not in TASKS:
         raise GraphError(f"task {task!r}: expected one of {list(TASKS)}")
+    if filter_rate_hz is not None and not (isinstance(filter_rate_hz, (int, float)) and 1.0 <= filter_rate_hz <= 2000.0):
+        raise GraphError(f"filter rate {filter_rate_hz!r} Hz: expected a number in [1, 2000] (e.g. 500, the arm's "
+                         "joint-state rate)")
     data = load_graph(graph_path)
     group = hardware if hardware in data["hardware"] else "ros2_control"
     entries = [(f"hardware.{group}[{i}]", e) for i, e in enumerate(data["hardware"][group] or [])]
@@ -241,6 +254,8 @@ def plan(
         params.update(_ARM_STACK_PARAMETERS.get(hardware, {}).get(spec.name, {}))
         if spec.name == SAFETY_FILTER:
             params["default_phase"] = _PHASE_SIM if hardware in PYTHON_ARMS else _PHASE_REAL
+            if filter_rate_hz is not None:
+                params["control_period_s"] = 1.0 / float(filter_rate_hz)
             if enable:
                 params["enable_on_start"] = True
         if spec.fallback is not None and not (spec.module is not None if installed is None else installed(spec.package)):

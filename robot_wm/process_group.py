@@ -64,7 +64,7 @@ def command_for(spec: ProcessSpec, python: str = sys.executable) -> list[str]:
     for path in spec.param_files:
         cmd += ["--params-file", str(path)]
     for node in spec.composes or (spec.name,):
-        for key, value in spec.parameters.items():
+        for key, value in {**spec.parameters, **spec.node_parameters.get(node, {})}.items():
             if isinstance(value, str) and ("\n" in value or value.lstrip().startswith("<")):
                 cmd += ["--params-file", str(_params_file(node, key, value))]  # after the config files: it wins
                 continue

@@ -114,7 +114,7 @@ def test_launch_file_builds_its_nodes_from_the_graph_plan():
     args = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "DeclareLaunchArgument"}
     assert args == {"hardware", "hardware_params", "profile", "composed", "enable", "task", "trust", "realtime_priority", "learn",
-                    "joint_calibration_file"}
+                    "joint_calibration_file", "filter_rate"}
 
 
 def test_controllers_yaml_matches_the_description():
@@ -168,6 +168,24 @@ def test_composed_plan_passes_overrides_to_every_hosted_node():
     for node in ("safety_filter", "world_model", "policy"):
         assert f"{node}:control_period_s:=0.004" in cmd
     assert "arm_sim:control_period_s:=0.004" in command_for(specs["arm_sim"], python="python")
+
+
+@pytest.mark.parametrize("composed", [False, True])
+def test_the_filter_rate_sets_only_the_safety_filters_period(composed):
+    """`robot-wm up --filter-rate 500` / `filter_rate:=500`: the filter at 2 ms, the policy and the
+    world model at the graph's rate; a rate that is not a number in range is refused by name."""
+    specs = graph.plan("mujoco", composed=composed, filter_rate_hz=500.0)
+    if composed:
+        cmd = command_for(next(s for s in specs if s.name == "control_stack"), python="python")
+        assert "safety_filter:control_period_s:=0.002" in cmd
+        assert not any(f"{n}:control_period_s" in " ".join(cmd) for n in ("policy", "world_model"))
+    else:
+        params = {s.name: s.parameters for s in specs}
+        assert params["safety_filter"]["control_period_s"] == 0.002
+        assert "control_period_s" not in params["policy"] and "control_period_s" not in params["world_model"]
+    for bad in (0.0, -500.0, float("nan"), 1e6, "500"):
+        with pytest.raises(graph.GraphError, match="filter rate"):
+            graph.plan("mujoco", composed=composed, filter_rate_hz=bad)
 
 
 def test_the_safety_filter_enables_itself_only_on_the_embedded_arm_and_stops_without_trust(tmp_path):
