@@ -6,7 +6,8 @@ message sets ``state_error`` until the next good one, is counted, and makes ``fr
 
 With ``step_on_state`` the period follows the arm's own stream instead of a free-running timer:
 the control step runs as soon as a joint state arrives once a period (less a little slack for
-the stream's jitter) has passed since the last step, so the state it uses is as fresh as its
+the stream's jitter) has passed since the last step — on this process's clock, or on the arm's
+(the states' stamps, so that delivery jitter does not skip a period) — so the state it uses is as fresh as its
 delivery (a timer's phase against the arm's stream adds up to a joint-state interval, and a period
 of waiting when the two drift). The timer stays: when states stop arriving it runs the step
 after 1.25 periods, so a silent arm is still noticed (stale input: the filter stops it).
@@ -60,6 +61,7 @@ class ControlNode(LifecycleNode):
             "passed (latency: delivery + compute), a timer only when states stop; false: on a free-running timer",
             read_only=True)
         self._last_step_s = -math.inf
+        self._last_step_stamp_ns = 0  # stamp of the state that started the last step (0: the timer did)
         self.realtime_priority = declare(
             self, "realtime_priority", 0, "SCHED_FIFO priority of this node's process, 1..98 (0: the normal "
             "scheduler; needs CAP_SYS_NICE or an rtprio limit, robot_wm.realtime)", range_=PRIORITY_RANGE, read_only=True)
@@ -87,16 +89,34 @@ class ControlNode(LifecycleNode):
         self._on_joint_state(msg)
         if self.step_on_state and self._control_timer is not None:
             now = time.monotonic()
-            if now - self._last_step_s >= self.period_s - min(0.2 * self.period_s, _STEP_SLACK_S):
-                self._run_step(now)
+            stamp_ns = self.state_stamp_ns if self.state_error is None else 0
+            if self._starts_step(now, stamp_ns):
+                self._run_step(now, stamp_ns)
+
+    def _starts_step(self, now: float, stamp_ns: int) -> bool:
+        """Whether a state arriving now (stamped ``stamp_ns``, 0: none usable) starts a period.
+
+        Yes once a period (less the slack) has passed on this clock, or once the arm's own clock
+        has moved a period (less the slack) on from the state the last step used: a state delivered
+        early after one delivered late still starts its period (else the period after it is
+        skipped, and the interval between two commands doubles), while more than half a period
+        passed here (a stream whose stamps race cannot run the step at its own rate).
+        """
+        slack = min(0.2 * self.period_s, _STEP_SLACK_S)
+        since = now - self._last_step_s
+        if since >= self.period_s - slack:
+            return True
+        ahead_s = (stamp_ns - self._last_step_stamp_ns) * 1e-9
+        return bool(stamp_ns and self._last_step_stamp_ns and since >= 0.5 * self.period_s
+                    and self.period_s - slack <= ahead_s <= 2.0 * self.period_s)
 
     def _on_control_timer(self) -> None:
         now = time.monotonic()
         if not self.step_on_state or now - self._last_step_s >= 1.25 * self.period_s:
-            self._run_step(now)
+            self._run_step(now, 0)
 
-    def _run_step(self, now: float) -> None:
-        self._last_step_s = now
+    def _run_step(self, now: float, stamp_ns: int) -> None:
+        self._last_step_s, self._last_step_stamp_ns = now, stamp_ns
         self.control_step()
 
     def _on_joint_state(self, msg: JointState) -> None:
@@ -139,7 +159,7 @@ class ControlNode(LifecycleNode):
         return (q, qdot) if (now_s or time.monotonic()) - received_s <= self.stale_s else None
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
-        self._last_step_s = -math.inf
+        self._last_step_s, self._last_step_stamp_ns = -math.inf, 0
         if self.CONTROL_TIMER:
             self._control_timer = self.create_timer(self.period_s, self._on_control_timer)
         return super().on_activate(state)
