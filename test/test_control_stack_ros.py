@@ -341,3 +341,47 @@ def test_the_tracking_policy_follows_the_path_sequencers_reference_through_the_f
         assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"still moving: {client.latest()[2]}"
     finally:
         client.close()
+
+
+def test_the_filter_at_the_arms_500hz_uses_the_world_model_and_drives_the_arm(spawn, ros_context):
+    """`--filter-rate 500`: the safety filter every 2 ms on the arm's joint states with the 10 ms world
+    model (its newest linearization, aged: robot_wm.core.safety.multirate), the nominal at 100 Hz.
+    Judged by the status stamps (about five filter periods per nominal), the filter's own word that
+    it filters with the model, the arm following the nominal, and an e-stop that still holds it."""
+    from robot_wm.msg import SafetyStatus
+
+    specs = {s.name: s for s in graph.plan("mujoco", enable=True, trust=False, filter_rate_hz=500.0)
+             if not s.needs_ros_install}
+    assert specs["safety_filter"].parameters["control_period_s"] == 0.002
+    arm = spawn(command_for(specs["arm_sim"]))
+    filt = spawn(command_for(specs["safety_filter"]))
+    client = ArmClient(ros_context, start=False)
+    source = NominalSource(client)
+    client.start()
+    try:
+        assert client.wait_for_state(60.0), arm.output()
+        assert wait_for(lambda: client.statuses and not client.statuses[-1].latches, 60.0), filt.output()
+        assert "linearized by" in filt.output() and "using the kinematic model" not in filt.output(), filt.output()
+        source.value = [0.3, 0.0, 0.0, 0.0, 0.0, 0.0]
+        assert wait_for(lambda: _moving(client, 0.2), 10.0), client.latest()
+        n0 = len(client.statuses)
+        assert wait_for(lambda: len(client.statuses) - n0 >= 1000, 30.0)
+        window = client.statuses[n0:n0 + 1000]
+        stamps = np.array([s.header.stamp.sec + s.header.stamp.nanosec * 1e-9 for s in window])
+        span = stamps[-1] - stamps[0]
+        assert 999 / span > 300.0, f"{999 / span:.0f} filter periods per second of stamps"
+        # a loaded machine may delay an input past its age limit or a solve past its time limit;
+        # nothing else may stop it, the world model least
+        load = ("stale", "solver")
+        faults = [s.fault_reason for s in window if s.state == SafetyStatus.FAULT and s.fault_kind not in load]
+        assert not faults, faults[:3]
+        assert abs(client.latest()[2][0] - 0.3) < 0.05, client.latest()[2]
+        t0 = time.time()
+        assert client.call(Trigger, "/robot_wm/estop", Trigger.Request()).success
+        assert wait_for(lambda: client.rest_after(t0) is not None, 10.0), client.latest()[2]
+        time.sleep(0.5)
+        assert _at_rest(client, 0.02), client.latest()[2]
+        assert filt.process.poll() is None and arm.process.poll() is None
+    finally:
+        source.close()
+        client.close()

@@ -104,9 +104,9 @@ def test_steps_follow_the_joint_states_and_the_timer_takes_over_when_they_stop(r
 
 
 def test_a_state_delivered_early_after_a_late_one_still_starts_its_period(ros_context):
-    """States one period apart on the arm's clock, delivered with jitter (alternately 0.6 and 1.4
+    """States one period apart on the arm's clock, delivered with jitter (alternately 0.75 and 1.15
     periods apart, as a loaded machine delivers them): every state starts its own step. On this
-    process's clock alone, each early one was skipped and the timer ran the step later instead."""
+    process's clock alone each early one was skipped (less than a period after the late one)."""
     node = Recording(ros_context, step_on_state=True, period_s=0.02)
     pub_node = Node("timing_arm_jitter", context=ros_context)
     pub = pub_node.create_publisher(JointState, "/joint_states", 10)
@@ -130,7 +130,7 @@ def test_a_state_delivered_early_after_a_late_one_still_starts_its_period(ros_co
             msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp, 1_000_000_000)
             pub.publish(msg)
             stamps.append(stamp)
-            time.sleep(0.012 if k % 2 else 0.028)
+            time.sleep(0.015 if k % 2 else 0.023)  # the late one before the timer's 1.25 periods
         assert wait_for(lambda: any(s[1] == stamps[-1] for s in node.steps), 5.0)
     finally:
         stop.set()
@@ -140,7 +140,7 @@ def test_a_state_delivered_early_after_a_late_one_still_starts_its_period(ros_co
         pub_node.destroy_node()
     by_state = [s[1] for s in node.steps if s[0] == "state"]
     started = set(by_state) & set(stamps)
-    assert len(started) >= 55, f"{len(started)} of 60 states started a step"  # one may be lost to the start-up
+    assert len(started) >= 50, f"{len(started)} of 60 states started a step"  # the old rule: about half
     assert len(by_state) == len(set(by_state))
 
 

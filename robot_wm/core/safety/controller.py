@@ -440,10 +440,8 @@ class SafetyController:
             problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: "
                                                      f"{type(exc).__name__}: {exc}"))
             return None, False
-        if self.schedule is None:
+        if self.schedule is None or (checked is None and lin is not None):  # the aged one too, at this period
             checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
-        elif checked is None:
-            return lin, True  # checked at the model's step when it was taken; aging keeps it plausible
         if isinstance(checked, Problem):
             if lin is None or checked.kind == FaultKind.MODEL or self.config.require_model:
                 problems.append(checked)
