@@ -6,6 +6,8 @@ starts the specs that have a Python module as subprocesses. Tests check the plan
 """
 from __future__ import annotations
 
+import math
+
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -217,9 +219,14 @@ def plan(
                          "on hardware an operator enables the safety filter (robot-wm reset)")
     if task not in TASKS:
         raise GraphError(f"task {task!r}: expected one of {list(TASKS)}")
-    if filter_rate_hz is not None and not (isinstance(filter_rate_hz, (int, float)) and 1.0 <= filter_rate_hz <= 2000.0):
-        raise GraphError(f"filter rate {filter_rate_hz!r} Hz: expected a number in [1, 2000] (e.g. 500, the arm's "
-                         "joint-state rate)")
+    if filter_rate_hz is not None:
+        from robot_wm.core.task import load_task
+
+        rate = 1.0 / load_task().control_dt_s  # the policy's and world model's (config/task.yaml)
+        k = filter_rate_hz / rate if isinstance(filter_rate_hz, (int, float)) else math.nan
+        if not (1.0 <= k and filter_rate_hz <= 1000.0 and abs(k - round(k)) <= 1e-6 * k):
+            raise GraphError(f"filter rate {filter_rate_hz!r} Hz: expected a whole multiple of the control rate "
+                             f"{rate:g} Hz up to 1000 Hz (e.g. 500, the arm's joint-state rate)")
     data = load_graph(graph_path)
     group = hardware if hardware in data["hardware"] else "ros2_control"
     entries = [(f"hardware.{group}[{i}]", e) for i, e in enumerate(data["hardware"][group] or [])]

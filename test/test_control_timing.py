@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
@@ -142,6 +143,27 @@ def test_a_state_delivered_early_after_a_late_one_still_starts_its_period(ros_co
     started = set(by_state) & set(stamps)
     assert len(started) >= 50, f"{len(started)} of 60 states started a step"  # the old rule: about half
     assert len(by_state) == len(set(by_state))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_late_and_early_states_never_start_more_than_one_step_per_period_of_the_arms_clock(ros_context, seed):
+    """500 Hz states one period of 2 ms apart on the arm's clock, delivered 0-5 ms late at random
+    (in arrival order), to a 100 Hz step_on_state node: the steps, started by either clock, keep to
+    the period: at most one per period (less the slack) of the arm's clock, and no period missed."""
+    node = Recording(ros_context, step_on_state=True, period_s=0.01)
+    try:
+        rng = np.random.default_rng(seed)
+        stamps = 1_000_000_000_000 + 2_000_000 * np.arange(1000)  # 2 s of the arm's clock
+        arrivals = np.arange(1000) * 0.002 + rng.uniform(0.0, 0.005, 1000)
+        node._control_timer = object()  # active (the test drives the rule, no timer runs)
+        for i in np.argsort(arrivals, kind="stable"):
+            if node._starts_step(float(arrivals[i]), int(stamps[i])):
+                node._run_step(float(arrivals[i]), int(stamps[i]))
+        steps = len(node.steps)
+        assert 190 <= steps <= 2.0 / (0.01 - 0.001) + 1, steps
+    finally:
+        node._control_timer = None
+        node.destroy_node()
 
 
 def test_without_step_on_state_the_timer_runs_every_step(ros_context):

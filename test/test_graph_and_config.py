@@ -173,7 +173,8 @@ def test_composed_plan_passes_overrides_to_every_hosted_node():
 @pytest.mark.parametrize("composed", [False, True])
 def test_the_filter_rate_sets_only_the_safety_filters_period(composed):
     """`robot-wm up --filter-rate 500` / `filter_rate:=500`: the filter at 2 ms, the policy and the
-    world model at the graph's rate; a rate that is not a number in range is refused by name."""
+    world model at the graph's rate; a rate that is not a whole multiple of the control rate up to
+    1 kHz is refused by name (250 Hz would put the model's 10 ms step out of step with the filter)."""
     specs = graph.plan("mujoco", composed=composed, filter_rate_hz=500.0)
     if composed:
         cmd = command_for(next(s for s in specs if s.name == "control_stack"), python="python")
@@ -183,7 +184,7 @@ def test_the_filter_rate_sets_only_the_safety_filters_period(composed):
         params = {s.name: s.parameters for s in specs}
         assert params["safety_filter"]["control_period_s"] == 0.002
         assert "control_period_s" not in params["policy"] and "control_period_s" not in params["world_model"]
-    for bad in (0.0, -500.0, float("nan"), 1e6, "500"):
+    for bad in (0.0, -500.0, float("nan"), 1e6, "500", 50.0, 250.0, 2000.0):
         with pytest.raises(graph.GraphError, match="filter rate"):
             graph.plan("mujoco", composed=composed, filter_rate_hz=bad)
 

@@ -116,7 +116,15 @@ class ControlNode(LifecycleNode):
             self._run_step(now, 0)
 
     def _run_step(self, now: float, stamp_ns: int) -> None:
-        self._last_step_s, self._last_step_stamp_ns = now, stamp_ns
+        # the arm's clock the next state must move on from: the state's stamp, but at least a period
+        # (less the slack) on from the last one, so that steps the receiver's clock started on late
+        # states cannot add up with the stamp rule to more than one step per period of the arm's clock
+        # (an arm whose clock went back, e.g. restarted, starts the reference over)
+        ref, period_ns = self._last_step_stamp_ns, int(self.period_s * 1e9)
+        slack_ns = int(min(0.2 * self.period_s, _STEP_SLACK_S) * 1e9)
+        keep = stamp_ns and ref and stamp_ns > ref - 2 * period_ns
+        self._last_step_stamp_ns = max(stamp_ns, ref + period_ns - slack_ns) if keep else stamp_ns
+        self._last_step_s = now
         self.control_step()
 
     def _on_joint_state(self, msg: JointState) -> None:

@@ -20,7 +20,7 @@ class ControllerConfig:
 
     Attributes:
         dt_s: control period, s.
-        model_dt_s: the world model's step, s (None: ``dt_s``). Longer than ``dt_s``: the model is
+        model_dt_s: the world model's step, s (None: ``dt_s``), a whole number of periods. Longer than ``dt_s``: the model is
             linearized once per model step and aged in the periods between
             (``robot_wm.core.safety.multirate``).
         require_model: a missing or implausible world model is a FAULT (else: kinematic model).
@@ -79,9 +79,11 @@ class ControllerConfig:
         positive("dt_s", 1.0)
         if self.model_dt_s is not None:
             m = as_scalar(self.model_dt_s)
-            if m is None or not self.dt_s <= m <= 1.0:
+            k = m / self.dt_s if m is not None else math.nan
+            if m is None or not self.dt_s <= m <= 1.0 or abs(k - round(k)) > 1e-6 * k:
                 raise ValueError(f"ControllerConfig.model_dt_s={self.model_dt_s!r}: expected the world model's step in "
-                                 f"[dt_s={self.dt_s:g}, 1] s (a filter period longer than the model's step cannot use it)")
+                                 f"[dt_s={self.dt_s:g}, 1] s and a whole number of filter periods (a filter period "
+                                 "longer than the model's step, or out of step with it, cannot use it)")
         for name in ("trust_timeout_s", "tare_window_s", "tare_max_bias_n", "tare_max_payload_kg", "tare_tolerance_n",
                      "standstill_radps", "slack_time_s"):
             positive(name)

@@ -421,9 +421,10 @@ class SafetyController:
         return ControllerOutput(**{name: fields[name] for name in _FILTER_FIELDS}, **dict(extra, latches=sup.latch_names()))
 
     # ------------------------------------------------------------------ pieces of the period
-    def _linearize(self, now, q, qd, u_nom, problems: list[Problem]) -> tuple[LinearizedModel | None, bool]:
+    def _linearize(self, now, q, qd, u_nom, problems: list[Problem]) -> tuple[LinearizedModel | None, bool | Problem]:
         """The world model's linearization about the nominal (zero before the first), or None; and
-        whether it passed ``check_model`` at ``q`` (then the QP does not check it again)."""
+        whether it passed ``check_model`` at ``q`` (then the QP does not check it again), or the
+        implausibility that makes the QP use the kinematic model."""
         if self.model is None:
             if self.config.require_model:
                 problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: world model missing (require_model)"))
@@ -433,20 +434,20 @@ class SafetyController:
             if self.schedule is not None:  # the model's step is longer: its newest linearization, aged to now
                 if self.schedule.due(self.model, now):
                     self.schedule.renew(self.model, now, q, qd, u)
-                lin, checked = self.schedule.current(q, qd, u)
+                checked = self.schedule.current(q, qd, u)  # checked when taken (multirate.ModelSchedule)
             else:
                 lin = LinearizedModel(*self.model.linearize_with_std(q, qd, u))
+                checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
         except Exception as exc:  # noqa: BLE001 (onnxruntime raises its own types)
             problems.append(Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: linearization failed: "
                                                      f"{type(exc).__name__}: {exc}"))
             return None, False
-        if self.schedule is None or (checked is None and lin is not None):  # the aged one too, at this period
-            checked = check_model(lin, q, self.filter.hw_velocity_radps, self.config.dt_s, self.filter.joint_names)
         if isinstance(checked, Problem):
-            if lin is None or checked.kind == FaultKind.MODEL or self.config.require_model:
+            if checked.kind == FaultKind.MODEL or self.config.require_model:
                 problems.append(checked)
                 return None, False
-            return lin, False  # the QP replaces it by the kinematic model this period and says so
+            # the QP replaces it by the kinematic model this period and says so
+            return (lin, False) if self.schedule is None else (None, checked)
         return checked, True
 
     def _scales(self, level: TrustLevel, phase: Phase) -> ScaleFactors:

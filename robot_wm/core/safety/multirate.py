@@ -13,10 +13,17 @@ newest linearization, about the newest nominal) and uses it *aged* in the period
   by the trapezoid over the period;
 - **shifted to the newest nominal**: ``f0`` moves by ``B (u_nom − u_lin)`` (exact within the
   linearization), so the QP's ``x⁺ ≈ f0 + B (u − u_nom)`` holds with the nominal it is given;
-- **its uncertainty**: the position's std scaled by ``r`` (it grows with the horizon), the
-  velocity's kept whole (its sensor-noise part does not shrink with the horizon: the safe side);
-- **its age counts**: the time since the linearization is added to the filter's input age, which
-  the braking rows coast through before they brake (``qp.SafetyFilter._set_timing``).
+- **its uncertainty**: the std the model gives for its whole step, not scaled down to the period
+  (the safe side: the linearization is up to a step old, and the QP tightens the position rows by
+  κ σ_q);
+- **its age counts**: the time since the linearization is an input age (the larger of it and the
+  inputs' ages), which the braking rows coast through before they brake
+  (``qp.SafetyFilter._set_timing``).
+- **checked when taken**: ``check_model`` at the model's step against the state it was taken at;
+  a broken one is a MODEL fault until the next step, an implausible one (without
+  ``require_model``) gives the kinematic model until the next step. The aged one is a function of
+  it and of this period's checked inputs and is not judged again (an absurd nominal or a velocity
+  glitch must not be blamed on the model).
 
 The model is told one command per model step, the mean of the commands sent over it: under a
 zero-order hold for the model's step that mean moves the arm as far as the commands did.
@@ -61,7 +68,7 @@ def age_linearization(lin: LinearizedModel, q_lin: np.ndarray, qd_lin: np.ndarra
         The velocity: ``q̇ + k (f0_q̇ + B_q̇ (u_nom − u_lin) − q̇_lin − β (q̇ − q̇_lin))`` with the slope
         ``k B_q̇``, ``β`` the diagonal of ``B_q̇`` (the model's velocity change rebased on the velocity
         now, for a drive that follows its command) and ``k`` per joint from ``step_share``; the position by the trapezoid over the period from q̇ to the
-        predicted q̇⁺; the position's std scaled by ``ratio``, the velocity's kept.
+        predicted q̇⁺; the std as the model gives it for its whole step.
     """
     n, ratio = len(q), dt_s / model_dt_s
     f0, B, sig = lin.f0, lin.B, lin.sigma
@@ -75,9 +82,7 @@ def age_linearization(lin: LinearizedModel, q_lin: np.ndarray, qd_lin: np.ndarra
     bqd_aged = k[:, None] * bqd
     half = 0.5 * dt_s
     f0_aged = np.concatenate([q + half * (qd + qd_next), qd_next])
-    sig_aged = sig.copy()
-    sig_aged[:n] *= ratio
-    return LinearizedModel(f0_aged, np.vstack([half * bqd_aged, bqd_aged]), sig_aged)
+    return LinearizedModel(f0_aged, np.vstack([half * bqd_aged, bqd_aged]), sig.copy())
 
 
 class ModelSchedule:
@@ -110,44 +115,42 @@ class ModelSchedule:
         return 0.0 if self._taken_s is None else max(now_s - self._taken_s, 0.0)
 
     def due(self, model, now_s: float) -> bool:
-        """Whether this period takes a new linearization."""
-        return (model is not self._model or self._taken_s is None or self._lin is None
+        """Whether this period takes a new linearization: a model step on (less half a period), a
+        swapped model, or a clock that went back. A failed one is retried a model step later, not
+        every period (the arm is stopping then, and the model's history keeps its step)."""
+        return (model is not self._model or self._taken_s is None
                 or now_s - self._taken_s >= self.model_dt_s - RENEW_SLACK_PERIODS * self.dt_s
-                or now_s < self._taken_s)  # a clock that went back: start over
+                or now_s < self._taken_s)
 
     def renew(self, model, now_s: float, q: np.ndarray, qd: np.ndarray, u: np.ndarray) -> None:
         """Tell the model the mean command of the step that ended, and linearize it at (q, qd, u).
 
-        Raises what the model raises (the controller turns it into a MODEL fault); the schedule is
-        then left without a linearization, so the next period tries again.
+        Raises what the model raises (the controller turns it into a MODEL fault); until the next
+        model step the schedule then has no linearization and says so (``current``).
         """
-        self._lin = self._problem = self._at = None
         if model is not self._model:
             self._model, self._sent, self._count = model, None, 0
+        self._taken_s, self._lin, self._at = now_s, None, None
+        self._problem = Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: no linearization this model step "
+                                                 "(the last one failed)")
         if self._count:
             mean, self._sent, self._count = self._sent / self._count, None, 0
             model.commit(mean)
-        self._taken_s = now_s
         lin = LinearizedModel(*model.linearize_with_std(q, qd, u))
         self.linearizations += 1
         checked = check_model(lin, q, self._hw, self.model_dt_s, self._names)
-        if isinstance(checked, Problem):
+        if isinstance(checked, Problem):  # broken, or implausible here: nothing of it is aged or used
             self._problem = checked
-            if checked.kind == FaultKind.MODEL:
-                return  # broken (malformed, non-finite, impossible), not only implausible: nothing to age
-            lin = LinearizedModel(*(np.asarray(x, dtype=float) for x in (lin.f0, lin.B, lin.sigma)))
-        else:
-            lin = checked
-        self._lin = lin
+            return
+        self._lin, self._problem = checked, None
         self._at = (np.array(q, dtype=float), np.array(qd, dtype=float), np.array(u, dtype=float))
 
-    def current(self, q: np.ndarray, qd: np.ndarray, u_nom: np.ndarray) -> tuple[LinearizedModel | None, Problem | None]:
-        """This period's model: the newest linearization aged to now (None: none usable), and the
-        problem ``check_model`` found with it (None: it passed)."""
+    def current(self, q: np.ndarray, qd: np.ndarray, u_nom: np.ndarray) -> LinearizedModel | Problem:
+        """This period's model: the newest linearization aged to now, or what is wrong with it."""
         if self._lin is None:
-            return None, self._problem
+            return self._problem
         q_lin, qd_lin, u_lin = self._at
-        return age_linearization(self._lin, q_lin, qd_lin, u_lin, q, qd, u_nom, self.dt_s, self.model_dt_s), self._problem
+        return age_linearization(self._lin, q_lin, qd_lin, u_lin, q, qd, u_nom, self.dt_s, self.model_dt_s)
 
     def sent(self, command: np.ndarray) -> None:
         """Record the command sent this period (committed as part of the model step's mean)."""

@@ -276,7 +276,7 @@ class SafetyFilter:
                               kind=parsed.kind)
         return self.filter_checked(parsed, getattr(inp, "model_checked", False) is True)
 
-    def filter_checked(self, p: ParsedInput, model_checked: bool = False) -> FilterOutput:
+    def filter_checked(self, p: ParsedInput, model_checked: bool | Problem = False) -> FilterOutput:
         """:meth:`filter` for inputs the caller has validated as ``parse_filter_input`` does.
 
         ``SafetyController`` checks every input of its period (and the world model's linearization:
@@ -287,7 +287,9 @@ class SafetyFilter:
         if mdl is None and self.require_model:
             return self._stop(FilterState.FAULT, "world model missing (require_model=True)", p.u_prev, p.u_nom,
                               kind=FaultKind.MODEL)
-        if mdl is not None and not model_checked:
+        if isinstance(model_checked, Problem):  # judged implausible already (SafetyController, multirate)
+            mdl, note = None, model_checked.reason + ": kinematic model used this period"
+        elif mdl is not None and not model_checked:
             checked = check_model(mdl, p.q, self.hw_velocity_radps, self.dt_s, self.joint_names)
             if isinstance(checked, Problem):
                 if checked.kind == FaultKind.MODEL or self.require_model:
