@@ -8,6 +8,7 @@ each step and by counts, never by a timing threshold.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -51,9 +52,11 @@ class Recording(ControlNode):
         self.steps.append((self._source, self.state_stamp_ns))
 
 
-def _run(context, node: Recording, publish_s: float, silent_s: float, rate_hz: float = 250.0) -> int:
-    """Publish joint states at ``rate_hz`` for ``publish_s``, then none for ``silent_s``; return how many were sent."""
-    pub_node = Node("timing_arm", context=context)
+@contextlib.contextmanager
+def _arm(context, node: Recording, name: str = "timing_arm"):
+    """Spin ``node`` on a thread of its own, active; yield (publisher node, /joint_states publisher).
+    Everything is stopped and destroyed on the way out, also on failure."""
+    pub_node = Node(name, context=context)
     pub = pub_node.create_publisher(JointState, "/joint_states", 10)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
@@ -61,12 +64,24 @@ def _run(context, node: Recording, publish_s: float, silent_s: float, rate_hz: f
 
     def spin():
         while not stop.is_set():
-            executor.spin_once(timeout_sec=0.005)
+            executor.spin_once(timeout_sec=0.002)
 
     thread = threading.Thread(target=spin, daemon=True)
     thread.start()
     try:
         assert wait_for(lambda: node._control_timer is not None, 10.0), "the probe never became active"
+        yield pub_node, pub
+    finally:
+        stop.set()
+        thread.join(timeout=2.0)
+        executor.remove_node(node)
+        node.destroy_node()
+        pub_node.destroy_node()
+
+
+def _run(context, node: Recording, publish_s: float, silent_s: float, rate_hz: float = 250.0) -> int:
+    """Publish joint states at ``rate_hz`` for ``publish_s``, then none for ``silent_s``; return how many were sent."""
+    with _arm(context, node) as (pub_node, pub):
         sent, t_end = 0, time.monotonic() + publish_s
         while time.monotonic() < t_end:
             msg = JointState(name=JOINTS, position=[0.0] * 6, velocity=[0.0] * 6)
@@ -76,12 +91,6 @@ def _run(context, node: Recording, publish_s: float, silent_s: float, rate_hz: f
             time.sleep(1.0 / rate_hz)
         time.sleep(silent_s)
         return sent
-    finally:
-        stop.set()
-        thread.join(timeout=2.0)
-        executor.remove_node(node)
-        node.destroy_node()
-        pub_node.destroy_node()
 
 
 def test_steps_follow_the_joint_states_and_the_timer_takes_over_when_they_stop(ros_context):
@@ -109,20 +118,7 @@ def test_a_state_delivered_early_after_a_late_one_still_starts_its_period(ros_co
     periods apart, as a loaded machine delivers them): every state starts its own step. On this
     process's clock alone each early one was skipped (less than a period after the late one)."""
     node = Recording(ros_context, step_on_state=True, period_s=0.02)
-    pub_node = Node("timing_arm_jitter", context=ros_context)
-    pub = pub_node.create_publisher(JointState, "/joint_states", 10)
-    executor = SingleThreadedExecutor(context=ros_context)
-    executor.add_node(node)
-    stop = threading.Event()
-
-    def spin():
-        while not stop.is_set():
-            executor.spin_once(timeout_sec=0.002)
-
-    thread = threading.Thread(target=spin, daemon=True)
-    thread.start()
-    try:
-        assert wait_for(lambda: node._control_timer is not None, 10.0), "the probe never became active"
+    with _arm(ros_context, node, "timing_arm_jitter") as (pub_node, pub):
         t0 = pub_node.get_clock().now().nanoseconds
         stamps = []
         for k in range(60):
@@ -133,12 +129,6 @@ def test_a_state_delivered_early_after_a_late_one_still_starts_its_period(ros_co
             stamps.append(stamp)
             time.sleep(0.015 if k % 2 else 0.023)  # the late one before the timer's 1.25 periods
         assert wait_for(lambda: any(s[1] == stamps[-1] for s in node.steps), 5.0)
-    finally:
-        stop.set()
-        thread.join(timeout=2.0)
-        executor.remove_node(node)
-        node.destroy_node()
-        pub_node.destroy_node()
     by_state = [s[1] for s in node.steps if s[0] == "state"]
     started = set(by_state) & set(stamps)
     assert len(started) >= 50, f"{len(started)} of 60 states started a step"  # the old rule: about half
