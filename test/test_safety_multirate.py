@@ -271,10 +271,10 @@ def test_an_implausible_linearization_stops_the_arm_in_every_period_of_its_step(
 def test_driven_into_a_position_limit_at_500hz_the_joint_stops_inside_it(kin, limits, joint, speed, up):
     """A nominal that pushes one joint at its limit for 3 s, the filter at 2 ms with the aged model,
     the true drive in the loop: the joint never leaves its position range by more than 10 µrad
-    (every joint, both ways, 0.5-3 rad/s: at most 2.9 µrad; the kinematic model at 500 Hz: up to
+    (every joint, both ways, 0.5-3 rad/s: none passes it; the kinematic model at 500 Hz: up to
     129 µrad, the drive's lag it does not know). (A drive lagging much
     longer than ``reaction_time_s`` overshoots a little at any rate: at β = 0.4, τ ≈ 20 ms, the
-    shoulder passes its limit by 0.4 mrad at 100 Hz too; the kinematic model at 500 Hz passes it
+    shoulder passes its limit by 0.4 mrad at 100 Hz too (0.9 mrad at 500 Hz); the kinematic model at 500 Hz passes it
     by 0.09 mrad already at β = 0.6.)"""
     lo, hi = np.asarray(limits.position_lower_rad), np.asarray(limits.position_upper_rad)
     arm = Arm(controller(kin, limits, Drive()))
