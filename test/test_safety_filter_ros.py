@@ -287,3 +287,34 @@ def test_a_nominal_flapping_around_its_stale_limit_is_logged_at_most_once_a_seco
     assert wait_for(lambda: line in filt.output(), 5.0), filt.output()[-2000:]
     assert filt.output().count(line) <= 4, filt.output()[-3000:]  # 3 s: at most one a second
     assert filt.process.poll() is None
+
+
+@pytest.mark.parametrize("period_s, require_model, expect", [
+    (0.002, True, "aged model"), (0.01, True, "model"), (0.004, False, "kinematic"), (0.004, True, "refused")])
+def test_the_filter_uses_the_world_model_at_its_step_or_a_whole_fraction_of_it(period_s, require_model, expect):
+    """2 ms (500 Hz): the 10 ms model, aged; 10 ms: the model every period; 4 ms (250 Hz) is neither:
+    the kinematic model where require_model is off, else a start-up refusal that says why."""
+    import rclpy
+    from rclpy.context import Context
+
+    from robot_wm.nodes.runner import NodeConfigError
+    from robot_wm.nodes.safety_filter_node import SafetyFilterNode
+
+    context = Context()
+    rclpy.init(context=context, args=["--ros-args", "-p", "autostart:=false", "-p", f"control_period_s:={period_s}",
+                                      "-p", f"require_model:={str(require_model).lower()}"])
+    try:
+        if expect == "refused":
+            with pytest.raises(NodeConfigError, match="nor a whole fraction of it"):
+                SafetyFilterNode(context=context)
+            return
+        node = SafetyFilterNode(context=context)
+        try:
+            node.trigger_configure()
+            ctrl = node.controller
+            assert (ctrl.model is not None) == (expect != "kinematic")
+            assert (ctrl.schedule is not None) == (expect == "aged model")
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)

@@ -127,13 +127,14 @@ class SafetyFilterNode(ControlNode):
         from robot_wm.core.task import load_task
 
         self.model_dt_s = load_task().control_dt_s  # the step the shipped world model predicts
-        # at the model's step, or a shorter period (the 500 Hz gate): the model's newest linearization, aged
-        self.use_model = self.period_s <= self.model_dt_s + 1e-9
+        # at the model's step, or a whole fraction of it (the 500 Hz gate: the model's newest linearization, aged)
+        steps = self.model_dt_s / self.period_s
+        self.use_model = steps >= 1.0 - 1e-9 and abs(steps - round(steps)) <= 1e-6 * steps
         if not self.use_model and require_model:
             raise NodeConfigError(
-                f"safety_filter: control_period_s={self.period_s:g} s is longer than the world model's step "
-                f"{self.model_dt_s:g} s (config/task.yaml control_dt_s): run at the model's period or faster, or set "
-                "require_model:=false to filter with the kinematic model at this rate")
+                f"safety_filter: control_period_s={self.period_s:g} s is neither the world model's step "
+                f"{self.model_dt_s:g} s (config/task.yaml control_dt_s) nor a whole fraction of it: run at such a "
+                "period, or set require_model:=false to filter with the kinematic model at this rate")
         try:
             self.config = ControllerConfig(
                 dt_s=self.period_s, model_dt_s=self.model_dt_s if self.use_model else None, require_model=require_model,
@@ -244,7 +245,8 @@ class SafetyFilterNode(ControlNode):
         runner = None
         try:
             if not self.use_model:
-                raise ValueError(f"its {self.model_dt_s:g} s step is shorter than this filter's {self.period_s:g} s period")
+                raise ValueError(f"its {self.model_dt_s:g} s step is not a whole number of this filter's "
+                                 f"{self.period_s:g} s periods")
             path = self.model_path or str(resolve(self.task, "world_model", warn=self.get_logger().warning))
             runner = WorldModelRunner(path, self.joint_names, self.model_dt_s)
             self.get_logger().info(f"world model {runner.version} loaded from {path}; linearized by {runner.linearization}")
