@@ -55,6 +55,30 @@ def step_share(beta: np.ndarray, ratio: float) -> np.ndarray:
     return -np.expm1(ratio * np.log1p(-b)) / b
 
 
+class _Aging:
+    """What aging needs of one linearization, computed once per model step (not every period)."""
+
+    __slots__ = ("n", "base", "beta", "k", "bqd", "u_lin", "B", "sigma", "half")
+
+    def __init__(self, lin: LinearizedModel, qd_lin: np.ndarray, u_lin: np.ndarray, dt_s: float, model_dt_s: float):
+        n = self.n = len(qd_lin)
+        self.bqd = lin.B[n:]
+        self.beta = np.clip(np.diagonal(self.bqd), 0.0, 1.0)
+        self.k = step_share(self.beta, dt_s / model_dt_s)
+        # the velocity change at u_lin from q̇_lin, rebased: + β q̇_lin here, − β q̇ in each period
+        self.base = lin.f0[n:] - qd_lin + self.beta * qd_lin
+        self.u_lin = u_lin
+        self.half = 0.5 * dt_s
+        bqd_aged = self.k[:, None] * self.bqd
+        self.B = np.vstack([self.half * bqd_aged, bqd_aged])
+        self.sigma = lin.sigma  # the model's own, for its whole step (never written to)
+
+    def at(self, q: np.ndarray, qd: np.ndarray, u_nom: np.ndarray) -> LinearizedModel:
+        change = self.base + self.bqd @ (u_nom - self.u_lin) - self.beta * qd
+        qd_next = qd + self.k * change
+        return LinearizedModel(np.concatenate([q + self.half * (qd + qd_next), qd_next]), self.B, self.sigma)
+
+
 def age_linearization(lin: LinearizedModel, q_lin: np.ndarray, qd_lin: np.ndarray, u_lin: np.ndarray,
                       q: np.ndarray, qd: np.ndarray, u_nom: np.ndarray, dt_s: float, model_dt_s: float) -> LinearizedModel:
     """A model step's linearization as one of the filter's periods from the state measured now.
@@ -67,22 +91,11 @@ def age_linearization(lin: LinearizedModel, q_lin: np.ndarray, qd_lin: np.ndarra
     Returns:
         The velocity: ``q̇ + k (f0_q̇ + B_q̇ (u_nom − u_lin) − q̇_lin − β (q̇ − q̇_lin))`` with the slope
         ``k B_q̇``, ``β`` the diagonal of ``B_q̇`` (the model's velocity change rebased on the velocity
-        now, for a drive that follows its command) and ``k`` per joint from ``step_share``; the position by the trapezoid over the period from q̇ to the
-        predicted q̇⁺; the std as the model gives it for its whole step.
+        now, for a drive that follows its command) and ``k`` per joint from ``step_share``; the
+        position by the trapezoid over the period from q̇ to the predicted q̇⁺; the std as the model
+        gives it for its whole step. (``q_lin`` is not needed: the position follows the velocity.)
     """
-    n, ratio = len(q), dt_s / model_dt_s
-    f0, B, sig = lin.f0, lin.B, lin.sigma
-    bqd = B[n:]
-    beta = np.clip(np.diagonal(bqd), 0.0, 1.0)
-    k = step_share(beta, ratio)
-    # the model's velocity change at this nominal, from the velocity now: a drive that follows its
-    # command closes β of its error per step, so a velocity that moved on since changes it by −β Δq̇
-    change = f0[n:] + bqd @ (u_nom - u_lin) - qd_lin - beta * (qd - qd_lin)
-    qd_next = qd + k * change
-    bqd_aged = k[:, None] * bqd
-    half = 0.5 * dt_s
-    f0_aged = np.concatenate([q + half * (qd + qd_next), qd_next])
-    return LinearizedModel(f0_aged, np.vstack([half * bqd_aged, bqd_aged]), sig.copy())
+    return _Aging(lin, np.asarray(qd_lin, dtype=float), np.asarray(u_lin, dtype=float), dt_s, model_dt_s).at(q, qd, u_nom)
 
 
 class ModelSchedule:
@@ -99,13 +112,12 @@ class ModelSchedule:
         if not 0.0 < dt_s < model_dt_s:
             raise ValueError(f"ModelSchedule: the filter's period {dt_s!r} s must be shorter than the model's step "
                              f"{model_dt_s!r} s")
-        self.model_dt_s, self.dt_s, self.ratio = float(model_dt_s), float(dt_s), float(dt_s) / float(model_dt_s)
+        self.model_dt_s, self.dt_s = float(model_dt_s), float(dt_s)
         self._hw, self._names = hw_velocity_radps, joint_names
         self._model = None  # the model the cache belongs to (a swapped model starts a new step)
         self._taken_s: float | None = None
-        self._lin: LinearizedModel | None = None  # the newest linearization, as the model gave it
+        self._aging: _Aging | None = None  # the newest good linearization, ready to age
         self._problem: Problem | None = None  # what check_model found wrong with it
-        self._at: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (q, qd, u) it was taken at
         self._sent: np.ndarray | None = None  # sum of the commands sent since the model's last step
         self._count = 0
         self.linearizations = 0
@@ -130,7 +142,7 @@ class ModelSchedule:
         """
         if model is not self._model:
             self._model, self._sent, self._count = model, None, 0
-        self._taken_s, self._lin, self._at = now_s, None, None
+        self._taken_s, self._aging = now_s, None
         self._problem = Problem(FaultKind.MODEL, f"{FaultKind.MODEL.text}: no linearization this model step "
                                                  "(the last one failed)")
         if self._count:
@@ -142,15 +154,12 @@ class ModelSchedule:
         if isinstance(checked, Problem):  # broken, or implausible here: nothing of it is aged or used
             self._problem = checked
             return
-        self._lin, self._problem = checked, None
-        self._at = (np.array(q, dtype=float), np.array(qd, dtype=float), np.array(u, dtype=float))
+        self._problem = None
+        self._aging = _Aging(checked, np.array(qd, dtype=float), np.array(u, dtype=float), self.dt_s, self.model_dt_s)
 
     def current(self, q: np.ndarray, qd: np.ndarray, u_nom: np.ndarray) -> LinearizedModel | Problem:
         """This period's model: the newest linearization aged to now, or what is wrong with it."""
-        if self._lin is None:
-            return self._problem
-        q_lin, qd_lin, u_lin = self._at
-        return age_linearization(self._lin, q_lin, qd_lin, u_lin, q, qd, u_nom, self.dt_s, self.model_dt_s)
+        return self._problem if self._aging is None else self._aging.at(q, qd, u_nom)
 
     def sent(self, command: np.ndarray) -> None:
         """Record the command sent this period (committed as part of the model step's mean)."""
