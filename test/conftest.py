@@ -126,3 +126,21 @@ def registry(tmp_path, monkeypatch):
 PYTHON = sys.executable
 # test/launch/ holds launch_testing descriptions: `launch_test` runs them (test/test_launch_tier.py)
 collect_ignore = ["launch"]
+
+
+@pytest.fixture(scope="module")
+def kin():
+    """The arm's kinematics (pinocchio) in the URDF's joint order; a test module may define its own."""
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+
+    urdf = description.expand()
+    return Kinematics(urdf, description.joint_limits(urdf).names)
+
+
+@pytest.fixture(scope="module")
+def limits():
+    """The shipped safety limits (config/safety.yaml)."""
+    from robot_wm.core.safety import load_safety_limits
+
+    return load_safety_limits()

@@ -13,8 +13,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from robot_wm import description
-from robot_wm.core.kinematics import Kinematics
 from robot_wm.core.safety import (
     ControllerConfig,
     FaultKind,
@@ -28,7 +26,6 @@ from robot_wm.core.safety import (
     TrustLevel,
     TrustSample,
     WrenchSample,
-    load_safety_limits,
 )
 from robot_wm.core.safety.qp import FORCE_RETREAT_MPS
 from robot_wm.core.safety.wrench import GRAVITY_MPS2, ForceTare, estimate_tare
@@ -36,17 +33,6 @@ from robot_wm.core.safety.wrench import GRAVITY_MPS2, ForceTare, estimate_tare
 DT = 0.01
 HOME = np.array([0.0, -1.5708, 1.5708, -1.5708, -1.5708, 0.0])
 FT = "ft_sensor_link"
-
-
-@pytest.fixture(scope="module")
-def kin() -> Kinematics:
-    urdf = description.expand()
-    return Kinematics(urdf, description.joint_limits(urdf).names)
-
-
-@pytest.fixture(scope="module")
-def limits():
-    return load_safety_limits()
 
 
 def config(**kw) -> ControllerConfig:

@@ -13,8 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robot_wm import description
-from robot_wm.core.kinematics import Kinematics
 from robot_wm.core.safety import (
     ControllerConfig,
     FaultKind,
@@ -25,7 +23,6 @@ from robot_wm.core.safety import (
     Phase,
     SafetyController,
     TrustLevel,
-    load_safety_limits,
 )
 from robot_wm.core.safety.multirate import ModelSchedule, age_linearization
 from robot_wm.core.safety.types import LinearizedModel
@@ -62,17 +59,6 @@ class Drive:
 
     def commit(self, u):
         self.committed.append(np.array(u, dtype=float))
-
-
-@pytest.fixture(scope="module")
-def kin() -> Kinematics:
-    urdf = description.expand()
-    return Kinematics(urdf, description.joint_limits(urdf).names)
-
-
-@pytest.fixture(scope="module")
-def limits():
-    return load_safety_limits()
 
 
 def controller(kin, limits, model, **kw) -> SafetyController:
