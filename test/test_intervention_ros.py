@@ -19,10 +19,14 @@ from conftest import wait_for
 from rosclient import ArmClient
 
 CLI = [sys.executable, "-m", "robot_wm.cli"]
-# promotion criteria small enough for a test: seconds, not minutes
+# promotion criteria small enough for a test: seconds, not minutes. No anomaly-free time: how often
+# the monitor sees an anomaly depends on the machine's load (a starved host delays commands, and the
+# arm then rightly departs from the model: a CI run saw one every few seconds for 90 s), and this
+# test is about the operator's path through the phases; the criterion is test_trust_phase's.
 CRITERIA = {"phase_to_mixed_min_minutes": 0.3, "phase_to_mixed_min_episodes": 4,
             "phase_to_mixed_min_success_rate": 0.5, "phase_to_mixed_min_mean_score": 0.3,
-            "phase_to_mixed_anomaly_free_minutes": 0.1}
+            "phase_to_mixed_anomaly_free_minutes": 0.0}
+_TELLING = ("anomaly", "controlled stop", "timed out", "latched", "HUMAN", "skipped")
 
 
 def _cli(*args, timeout=90):
@@ -47,7 +51,16 @@ def _bring_up(spawn, ros_context, overrides: dict, subscriptions=()):
         arm.node.create_subscription(msg_type, topic, into.append, qos)
 
     def logs():
-        return "\n".join(f"--- {n}\n{p.output()[-2500:]}" for n, p in procs.items())
+        """Each process's last output, then (last: what a truncated report still shows) a count of
+        the lines that tell what went wrong, and the newest of them."""
+        outputs = {n: p.output() for n, p in procs.items()}
+        summary = []
+        for n, text in outputs.items():
+            telling = [line for line in text.splitlines() if any(k in line for k in _TELLING)]
+            if telling:
+                summary.append(f"{n}: {len(telling)} telling lines, newest: {telling[-1][-300:]}")
+        return "\n".join([f"--- {n}\n{text[-2500:]}" for n, text in outputs.items()]
+                         + ["=== summary", *summary])
 
     return procs, arm, logs
 
@@ -99,7 +112,7 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
             time.sleep(2.0)
         granted = answers[-1]
         assert granted.returncode == 0 and "promoted SIM -> MIXED" in granted.stdout, \
-            ([(a.stdout, a.stderr) for a in answers], logs())
+            "\n".join(f"answer: {a.stdout}{a.stderr}" for a in answers) + "\n" + logs()
         t_mixed = time.time()
         assert wait_for(lambda: since(t_mixed, lambda s: s.phase == Phase.MIXED), 5.0)
         history = json.loads(phase_file.read_text())["history"]

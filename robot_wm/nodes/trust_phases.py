@@ -75,6 +75,9 @@ class PhaseOperations:
             self._anomalies_seen = monitor.anomalies
             before = ph.phase
             action = ph.anomaly(out.reason)
+            if action != "demoted":  # (a demotion says so below, with its reason)
+                self.get_logger().warning(f"anomaly {monitor.anomalies} in phase {ph.phase.name} (two signals agree"
+                                          f"{'; calling a human' if action == 'human' else ''}): {out.reason}")
             if action == "demoted":
                 self._demotion.demoted()
                 self.get_logger().error(f"phase {before.name} -> {ph.phase.name}: automatic demotion on an anomaly: "
