@@ -1,12 +1,24 @@
 """Message <-> array conversions shared by the nodes, with the checks every input needs."""
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 from sensor_msgs.msg import JointState
 
 
 class InputError(ValueError):
     """A message cannot be used (unknown joints, wrong length, NaN/Inf); the text says which."""
+
+
+def cdr_stamp_ns(data: bytes) -> int | None:
+    """The header stamp (ns) of a serialized message whose first field is a std_msgs/Header, read
+    without deserializing it (CDR: a 4-byte encapsulation header, then int32 sec and uint32
+    nanosec, in the byte order the header's second byte names); None when too short for one."""
+    if len(data) < 12:
+        return None
+    sec, nanosec = struct.unpack_from("<iI" if data[1] == 1 else ">iI", data, 4)
+    return sec * 1_000_000_000 + nanosec
 
 
 def stamp_to_s(stamp) -> float:

@@ -10,7 +10,7 @@ The transforms come from robot_wm.core.tf_tree (pinocchio, the URDF's joints as 
 """
 from __future__ import annotations
 
-import struct
+import time
 
 from geometry_msgs.msg import TransformStamped
 from rclpy.context import Context
@@ -22,6 +22,7 @@ from std_msgs.msg import String
 from tf2_msgs.msg import TFMessage
 
 from robot_wm.core.tf_tree import Transform, TransformTree
+from robot_wm.nodes.conversions import cdr_stamp_ns
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
 
@@ -76,12 +77,11 @@ class StatePublisherNode(Node):
         return msg
 
     def _on_raw_joint_state(self, data: bytes) -> None:
-        # CDR: a 4-byte encapsulation header, then header.stamp (int32 sec, uint32 nanosec)
-        if len(data) < 12:
+        stamp_ns = cdr_stamp_ns(data)
+        if stamp_ns is None:
             self.rejected += 1
             return
-        sec, nanosec = struct.unpack_from("<iI" if data[1] == 1 else ">iI", data, 4)
-        stamp_ns = sec * 1_000_000_000 + nanosec
+        stamp_ns = stamp_ns or time.monotonic_ns()  # an unstamped arm: at most the rate by arrival
         if self._last_ns is not None and 0 <= stamp_ns - self._last_ns < self._period_ns:
             return  # stamps going backwards (a restarted source) publish at once
         self._on_joint_state(deserialize_message(data, JointState), stamp_ns)
