@@ -174,7 +174,7 @@ def test_an_unstamped_arm_gets_tf_at_the_rate_by_arrival_not_once(ros_context, m
     sent: list = []
     node._tf_pub.publish = sent.append
     arrival = [0]
-    monkeypatch.setattr(state_publisher.time, "monotonic_ns", lambda: arrival[0])
+    monkeypatch.setattr(state_publisher, "_arrival_ns", lambda: arrival[0])
     try:
         data = serialize_message(JointState(name=list(JOINTS), position=[0.1] * len(JOINTS)))
         for k in range(150):  # 0.3 s of a 500 Hz stream, by a clock of the test's

@@ -11,13 +11,19 @@ class InputError(ValueError):
     """A message cannot be used (unknown joints, wrong length, NaN/Inf); the text says which."""
 
 
+#: encapsulation ids of plain (final) CDR, where the first member starts right after the 4-byte
+#: encapsulation header: CDR_BE, CDR_LE (XCDR1), CDR2_BE, CDR2_LE (XCDR2); the low bit: little-endian
+_PLAIN_CDR = (0, 1, 6, 7)
+
+
 def cdr_stamp_ns(data: bytes) -> int | None:
     """The header stamp (ns) of a serialized message whose first field is a std_msgs/Header, read
-    without deserializing it (CDR: a 4-byte encapsulation header, then int32 sec and uint32
-    nanosec, in the byte order the header's second byte names); None when too short for one."""
-    if len(data) < 12:
+    without deserializing it (int32 sec, uint32 nanosec after the encapsulation header); None when
+    the bytes are too short or use an encapsulation whose first member is elsewhere (a parameter
+    list, a delimited XCDR2 type): the caller then falls back to another clock."""
+    if len(data) < 12 or data[0] != 0 or data[1] not in _PLAIN_CDR:
         return None
-    sec, nanosec = struct.unpack_from("<iI" if data[1] == 1 else ">iI", data, 4)
+    sec, nanosec = struct.unpack_from("<iI" if data[1] & 1 else ">iI", data, 4)
     return sec * 1_000_000_000 + nanosec
 
 

@@ -10,6 +10,7 @@ timed out) as a robot_wm/EpisodeResult on /robot_wm/episodes (the trust phases' 
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -24,6 +25,8 @@ from std_msgs.msg import String
 from robot_wm.nodes.conversions import InputError, cdr_stamp_ns, joint_state_arrays
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
+
+_arrival_ns = time.monotonic_ns  # the clock of unstamped states (a name of its own: tests drive it)
 
 
 class GoalSequencer(Node):
@@ -42,8 +45,11 @@ class GoalSequencer(Node):
         rate_hz = declare(self, "publish_rate_hz", 10.0, "goal publish rate (Hz)", range_=(0.5, 100.0))
         state_rate_hz = declare(self, "state_rate_hz", 100.0, "joint states judged per second at most (by their "
                                 "stamps; the arm's others are not deserialized)", range_=(1.0, 10000.0))
-        self._state_period_ns = int(1e9 / state_rate_hz)
+        # a tenth of a period's tolerance: a 500 Hz stream's jitter does not turn 100 Hz into 83
+        self._state_gap_ns = int(0.9e9 / state_rate_hz)
         self._last_state_ns: int | None = None
+        self._last_dist: float | None = None  # the tool's distance to the goal at the last judged state
+        self.rejected = 0
         self.frame = declare(self, "base_frame", "base_link", "frame of the goals")
         self.task = load_task()
         urdf = description.expand()
@@ -85,6 +91,7 @@ class GoalSequencer(Node):
         self._goal_since = time.monotonic()
         self._inside_since = None
         self._reached_at = None
+        self._last_dist = None
         self._event(f"goal {self.index}: ({self.goal[0]:+.3f}, {self.goal[1]:+.3f}, {self.goal[2]:+.3f}) m")
 
     def _episode(self, success: bool, error_m: float, duration_s: float) -> None:
@@ -100,31 +107,37 @@ class GoalSequencer(Node):
         self._event_pub.publish(String(data=text))
 
     def _on_raw_state(self, data: bytes) -> None:
-        stamp_ns = cdr_stamp_ns(data)
-        if stamp_ns is None:
-            return
-        stamp_ns = stamp_ns or time.monotonic_ns()  # an unstamped arm: by arrival
+        # an unstamped arm (0), or a header this reader does not know: by arrival
+        stamp_ns = cdr_stamp_ns(data) or _arrival_ns()
         last = self._last_state_ns
-        if last is not None and 0 <= stamp_ns - last < self._state_period_ns:
-            return  # (stamps going backwards, a restarted arm, are judged at once)
+        if last is not None and 0 <= stamp_ns - last < self._state_gap_ns:
+            return  # (a stamp going backwards, a restarted arm, is judged at once)
         try:
             msg = deserialize_message(data, JointState)
-        except Exception:  # noqa: BLE001 - an unreadable message is skipped, like one with wrong joints
+        except Exception as exc:  # noqa: BLE001 - an unreadable message is counted and skipped
+            self._reject(f"unreadable joint state: {type(exc).__name__}: {exc}")
             return
-        self._last_state_ns = stamp_ns
-        self._on_state(msg)
+        if self._on_state(msg):
+            self._last_state_ns = stamp_ns  # (a message without the arm's joints takes no slot)
 
-    def _on_state(self, msg: JointState) -> None:
+    def _reject(self, why: str) -> None:
+        self.rejected += 1
+        self.get_logger().warning(f"{why} (ignored; {self.rejected} so far)", throttle_duration_sec=10.0)
+
+    def _on_state(self, msg: JointState) -> bool:
+        """Judge one joint state; False when it cannot be used (not the arm's joints, not finite)."""
         try:
             q, _ = joint_state_arrays(msg, self.joint_names)
-        except InputError:
-            return
+        except InputError as exc:
+            self._reject(f"joint state: {exc}")
+            return False
         now = time.monotonic()
         if self._reached_at is not None:
             if now - self._reached_at >= self.settle_s:
                 self._next_goal()
-            return
+            return True
         dist = float(np.linalg.norm(self.kin.tool_position_m(q) - self.goal))
+        self._last_dist = dist
         if dist < self.task.success_radius_m:
             self._inside_since = self._inside_since or now
             if now - self._inside_since >= self.task.success_hold_s:
@@ -132,15 +145,25 @@ class GoalSequencer(Node):
                 self._reached_at = now
                 self._event(f"goal {self.index} reached in {now - self._goal_since:.2f} s")
                 self._episode(True, dist, now - self._goal_since)
+                return True  # (one episode per goal: a hold that ends late is still a success)
         else:
             self._inside_since = None
-        if now - self._goal_since > self.timeout_s:
-            self.timed_out += 1
-            self._event(f"goal {self.index} timed out after {self.timeout_s:.1f} s (distance {dist * 1e3:.0f} mm)")
-            self._episode(False, dist, now - self._goal_since)
-            self._next_goal()
+        self._check_timeout(now)
+        return True
+
+    def _check_timeout(self, now: float) -> None:
+        """The goal's time is up (from a state, or from the publish timer when none is judged)."""
+        if self._reached_at is not None or now - self._goal_since <= self.timeout_s:
+            return
+        self.timed_out += 1
+        dist = self._last_dist
+        where = "no usable joint state" if dist is None else f"distance {dist * 1e3:.0f} mm"
+        self._event(f"goal {self.index} timed out after {self.timeout_s:.1f} s ({where})")
+        self._episode(False, math.nan if dist is None else dist, now - self._goal_since)
+        self._next_goal()
 
     def _publish(self) -> None:
+        self._check_timeout(time.monotonic())  # also when no state comes (or none can be judged)
         msg = PointStamped()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.header.frame_id = self.frame

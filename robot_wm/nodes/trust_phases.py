@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.msg import EpisodeResult, InterventionRequest
 
 STATUS_FRESH_S = 0.1  # a safety status older than this says nothing about this period
@@ -76,8 +77,9 @@ class PhaseOperations:
             before = ph.phase
             action = ph.anomaly(out.reason)
             if action != "demoted":  # (a demotion says so below, with its reason)
+                called = monitor.level == TrustLevel.HUMAN  # (the monitor's step has decided it)
                 self.get_logger().warning(f"anomaly {monitor.anomalies} in phase {ph.phase.name} (two signals agree"
-                                          f"{'; calling a human' if action == 'human' else ''}): {out.reason}")
+                                          f"{'; a human is called' if called else ''}): {out.reason}")
             if action == "demoted":
                 self._demotion.demoted()
                 self.get_logger().error(f"phase {before.name} -> {ph.phase.name}: automatic demotion on an anomaly: "
