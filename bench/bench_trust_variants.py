@@ -12,10 +12,13 @@ variant's thresholds. That is what the monitor would have said up to its first l
 what a detection latency is; a trial the variant does not see at FULL at the onset (a drop before
 it) is counted as such, not as a detection. The settings that shape the start-up and the recovery
 (``clean_hold_s``, ``stale_s``, ``stop_stale_s``, ``human_after_s``) cannot be judged on a recorded
-motion and are refused.
+motion and are refused. ``--normal-minutes`` also records that much held-out normal operation
+(bench_trust.py's seed, the monitor watching) and counts each variant's false alarms on it: level
+drops below FULL after its start-up, per hour, and the two-signal anomalies among them (exact up to
+a variant's first drop; after one, the arm would have slowed, which a recording cannot show).
 
     python bench/bench_trust_variants.py [--profiles real_twin] [--faults latency payload push] [--trials 10]
-        [--calibrate-seconds 600]
+        [--calibrate-seconds 600] [--normal-minutes 60]
         [--variant base: --variant lag_tau_s=0.05 --variant lag_tau_s=0.2,min_duration_s=0.02 ...]
 
 A variant is ``name=value[,name=value]`` over TrustConfig's fields (``tau_s`` as ``a/b/c/d/e``);
@@ -60,8 +63,10 @@ def parse_variant(text: str, base):
     return dataclasses.replace(base, **changes)  # TrustConfig checks the values itself
 
 
-def record(profile: str, faults: list[str], trials: int, calibrate_s: float, seed: int):
-    """(calibration run, {(fault, k): run}) with bench_trust.py's calibration seed, fault times and seeds."""
+def record(profile: str, faults: list[str], trials: int, calibrate_s: float, seed: int, normal_minutes: float = 0.0):
+    """(calibration run, {(fault, k): run}, model version, held-out normal run or None) with
+    bench_trust.py's calibration seed, fault times and seeds; the held-out run (``normal_minutes``,
+    bench_trust.py's seed) is recorded with the monitor watching, never acting, like the trials."""
     from robot_wm.core.trust import Calibration
     from robot_wm.core.trust.settings import load_trust_config
     from robot_wm.core.trust.signals import SIGNALS
@@ -82,10 +87,27 @@ def record(profile: str, faults: list[str], trials: int, calibrate_s: float, see
             if kind in faults:
                 runs[(kind, k)] = te.operate(profile, t_fault + 3.0, seed + 100 + k, calibration=watching, config=config,
                                              stack=stack, fault=(kind, t_fault))
-    return normal, runs, version
+    held = (te.operate(profile, normal_minutes * 60.0, seed + 7, calibration=watching, config=config, stack=stack,
+                       progress=True) if normal_minutes > 0 else None)
+    return normal, runs, version, held
 
 
-def judge(variant, normal, runs: dict, version: str) -> dict:
+def false_alarms(judged) -> dict:
+    """Level drops below FULL in a judged normal run after its start-up (its first FULL), per hour;
+    the two-signal anomalies among them (STOP with two signals over their thresholds)."""
+    from robot_wm.learning import trust_eval as te
+
+    reached = np.flatnonzero(judged.level == 0)
+    start = judged.t_s[reached[0]] if reached.size else judged.t_s[-1]
+    hours = float(judged.t_s[-1] - start) / 3600.0
+    drops = te.level_drops(judged, after_s=start)
+    anomalies = [e for e in judged.events if e[0] >= start and e[1] == "STOP" and e[2].count(" > ") >= 2]
+    return {"normal_hours": hours, "false_alarms": int(len(drops)), "false_anomalies": len(anomalies),
+            "false_alarms_per_hour": len(drops) / hours if hours > 0 else None,
+            "reasons": [e[2][:160] for e in judged.events if e[0] >= start and e[1] != "FULL"][:5]}
+
+
+def judge(variant, normal, runs: dict, version: str, held=None) -> dict:
     from robot_wm.core.trust.settings import load_trust_config
     from robot_wm.learning import trust_eval as te
 
@@ -117,7 +139,10 @@ def judge(variant, normal, runs: dict, version: str) -> dict:
                      "from_motion_p50": pct(e["from_motion"], 50), "from_motion_p90": pct(e["from_motion"], 90),
                      "from_motion": e["from_motion"]}
               for kind, e in by_kind.items()}
-    return {"thresholds": cal.thresholds, "faults": faults}
+    out = {"thresholds": cal.thresholds, "faults": faults}
+    if held is not None:
+        out["normal"] = false_alarms(te.rejudge(held, cal, variant))
+    return out
 
 
 def main() -> int:
@@ -128,6 +153,8 @@ def main() -> int:
     parser.add_argument("--calibrate-seconds", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", action="append", help="name=value[,name=value] over TrustConfig, or base (repeat)")
+    parser.add_argument("--normal-minutes", type=float, default=0.0,
+                        help="also record this much held-out normal operation and count each variant's false alarms")
     args = parser.parse_args()
 
     from robot_wm.core.trust.settings import load_trust_config
@@ -148,15 +175,21 @@ def main() -> int:
     results = {}
     for profile in args.profiles:
         t0 = time.perf_counter()
-        normal, runs, version = record(profile, args.faults, args.trials, args.calibrate_seconds, args.seed)
-        print(f"[{profile}] recorded {args.calibrate_seconds:g} s of normal operation and {len(runs)} trials "
-              f"in {time.perf_counter() - t0:.0f} s", flush=True)
+        normal, runs, version, held = record(profile, args.faults, args.trials, args.calibrate_seconds, args.seed,
+                                             args.normal_minutes)
+        print(f"[{profile}] recorded {args.calibrate_seconds:g} s of normal operation, {len(runs)} trials"
+              + (f" and {args.normal_minutes:g} held-out minutes" if held is not None else "")
+              + f" in {time.perf_counter() - t0:.0f} s", flush=True)
         results[profile] = {}
         for text, variant in variants.items():
-            r = results[profile][text] = judge(variant, normal, runs, version)
+            r = results[profile][text] = judge(variant, normal, runs, version, held)
             parts = [f"{kind} p90 {f['p90']} (from motion p90 {f['from_motion_p90']}, missed {f['missed']}, "
                      f"not FULL at the onset {f['not_full_at_onset']})"
                      for kind, f in r["faults"].items()]
+            if "normal" in r:
+                n = r["normal"]
+                parts.append(f"normal {n['normal_hours'] * 60:.1f} min: {n['false_alarms']} false alarms "
+                             f"({n['false_alarms_per_hour']:.2f}/h), {n['false_anomalies']} anomalies")
             print(f"[{profile}] {text:<40} lag threshold {r['thresholds'].get('response_lag', float('nan')):.3f}: "
                   + "; ".join(parts), flush=True)
     print(json.dumps({"profiles": results, "trials": args.trials, "calibrate_seconds": args.calibrate_seconds}))

@@ -290,6 +290,29 @@ def test_a_trust_variant_is_parsed_over_the_configs_fields_and_a_bad_one_is_name
         parse_variant("clean_hold_s=3", base)
 
 
+def test_a_variants_false_alarms_are_counted_after_its_start_up_with_the_anomalies_among_them():
+    """bench_trust_variants.py ``--normal-minutes``: a held-out normal run judged by a variant."""
+    import types
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        from bench_trust_variants import false_alarms
+    finally:
+        sys.path.pop(0)
+    t = np.arange(0, 3601.5, 0.5)  # an hour after a second of start-up
+    level = np.zeros(t.size, dtype=int)
+    level[t < 1.0] = 3  # the start-up's STOP: not a false alarm
+    level[(t >= 600) & (t < 602)] = 1  # one signal: CAUTIOUS
+    level[(t >= 1800) & (t < 1805)] = 3  # two signals: STOP
+    events = [(0.0, "STOP", "no world-model prediction"),
+              (600.0, "CAUTIOUS", "prediction_error 3.5 > 3.09 for 0.03 s; disagreement 0.1 <= 0.6"),
+              (1800.0, "STOP", "prediction_error 3.5 > 3.09 for 0.03 s; response_lag 0.7 > 0.5 for 0.03 s")]
+    out = false_alarms(types.SimpleNamespace(t_s=t, level=level, events=events))
+    assert out["false_alarms"] == 2 and out["false_anomalies"] == 1
+    assert out["normal_hours"] == pytest.approx(1.0) and out["false_alarms_per_hour"] == pytest.approx(2.0)
+    assert out["reasons"][0].startswith("prediction_error 3.5 > 3.09")
+
+
 def test_the_excitation_clock_starts_at_the_first_command_change_after_the_onset():
     """A command-path fault (latency) cannot show while the arm holds a goal: bench_trust also
     counts its detection from the first command that changed after the onset."""
