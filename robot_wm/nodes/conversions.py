@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import struct
-import time
 
 import numpy as np
 from sensor_msgs.msg import JointState
@@ -26,34 +25,6 @@ def cdr_stamp_ns(data: bytes) -> int | None:
         return None
     sec, nanosec = struct.unpack_from("<iI" if data[1] & 1 else ">iI", data, 4)
     return sec * 1_000_000_000 + nanosec
-
-
-class StampPacer:
-    """At most ``rate_hz`` messages a second of a stamped stream, chosen by the header stamps read
-    from their serialized bytes (``cdr_stamp_ns``), so that the others are never deserialized; an
-    unstamped stream (0), or an encapsulation the reader does not know, by arrival on ``clock``.
-
-    One message per slot of 1/rate_hz on a grid that advances slot by slot: the source's jitter
-    does not lower the rate (a message a little early for its slot waits for the next one of the
-    source, not for a whole period); a stamp before the current slot (a restarted source) or a gap
-    of more than a slot starts the grid again from it."""
-
-    def __init__(self, rate_hz: float, clock=time.monotonic_ns) -> None:
-        self.period_ns = max(int(round(1e9 / rate_hz)), 1)
-        self.clock = clock
-        self._next: int | None = None  # where the next slot begins (None: take the first message)
-
-    def due(self, data: bytes) -> int | None:
-        """The message's stamp (ns, or its arrival) when it is the one to take, else None."""
-        stamp_ns = cdr_stamp_ns(data) or self.clock()
-        nxt = self._next
-        return None if nxt is not None and nxt - self.period_ns <= stamp_ns < nxt else stamp_ns
-
-    def taken(self, stamp_ns: int) -> None:
-        """The message ``due`` returned ``stamp_ns`` for was used (one that was not keeps the slot open)."""
-        nxt = self._next
-        on_grid = nxt is not None and nxt <= stamp_ns < nxt + self.period_ns
-        self._next = nxt + self.period_ns if on_grid else stamp_ns + self.period_ns
 
 
 def stamp_to_s(stamp) -> float:

@@ -22,9 +22,11 @@ from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import JointState
 from std_msgs.msg import String
 
-from robot_wm.nodes.conversions import InputError, StampPacer, joint_state_arrays
+from robot_wm.nodes.conversions import InputError, cdr_stamp_ns, joint_state_arrays
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
+
+_arrival_ns = time.monotonic_ns  # the clock of unstamped states (a name of its own: tests drive it)
 
 
 class GoalSequencer(Node):
@@ -43,7 +45,9 @@ class GoalSequencer(Node):
         rate_hz = declare(self, "publish_rate_hz", 10.0, "goal publish rate (Hz)", range_=(0.5, 100.0))
         state_rate_hz = declare(self, "state_rate_hz", 100.0, "joint states judged per second at most (by their "
                                 "stamps; the arm's others are not deserialized)", range_=(1.0, 10000.0))
-        self.pacer = StampPacer(state_rate_hz)
+        # a tenth of a period's tolerance: a 500 Hz stream's jitter does not turn 100 Hz into 83
+        self._state_gap_ns = int(0.9e9 / state_rate_hz)
+        self._last_state_ns: int | None = None
         self._last_dist: float | None = None  # the tool's distance to the goal at the last judged state
         self.rejected = 0
         self.frame = declare(self, "base_frame", "base_link", "frame of the goals")
@@ -103,16 +107,18 @@ class GoalSequencer(Node):
         self._event_pub.publish(String(data=text))
 
     def _on_raw_state(self, data: bytes) -> None:
-        stamp_ns = self.pacer.due(data)
-        if stamp_ns is None:
-            return
+        # an unstamped arm (0), or a header this reader does not know: by arrival
+        stamp_ns = cdr_stamp_ns(data) or _arrival_ns()
+        last = self._last_state_ns
+        if last is not None and 0 <= stamp_ns - last < self._state_gap_ns:
+            return  # (a stamp going backwards, a restarted arm, is judged at once)
         try:
             msg = deserialize_message(data, JointState)
         except Exception as exc:  # noqa: BLE001 - an unreadable message is counted and skipped
             self._reject(f"unreadable joint state: {type(exc).__name__}: {exc}")
             return
         if self._on_state(msg):
-            self.pacer.taken(stamp_ns)  # (a message without the arm's joints takes no slot)
+            self._last_state_ns = stamp_ns  # (a message without the arm's joints takes no slot)
 
     def _reject(self, why: str) -> None:
         self.rejected += 1

@@ -10,6 +10,8 @@ The transforms come from robot_wm.core.tf_tree (pinocchio, the URDF's joints as 
 """
 from __future__ import annotations
 
+import time
+
 from geometry_msgs.msg import TransformStamped
 from rclpy.context import Context
 from rclpy.node import Node
@@ -20,10 +22,11 @@ from std_msgs.msg import String
 from tf2_msgs.msg import TFMessage
 
 from robot_wm.core.tf_tree import Transform, TransformTree
-from robot_wm.nodes.conversions import StampPacer
+from robot_wm.nodes.conversions import cdr_stamp_ns
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
 
+_arrival_ns = time.monotonic_ns  # the clock of unstamped states (a name of its own: tests drive it)
 _LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
@@ -48,7 +51,8 @@ class StatePublisherNode(Node):
             self.tree = TransformTree(description)
         except ValueError as exc:
             raise NodeConfigError(f"robot_state_publisher: parameter robot_description: {exc}") from exc
-        self.pacer = StampPacer(self.rate_hz)
+        self._period_ns = int(1e9 / self.rate_hz)
+        self._last_ns: int | None = None
         self.rejected = 0
         self._tf_pub = self.create_publisher(TFMessage, "/tf", 100)
         self._static_pub = self.create_publisher(TFMessage, "/tf_static", _LATCHED)
@@ -74,17 +78,11 @@ class StatePublisherNode(Node):
         return msg
 
     def _on_raw_joint_state(self, data: bytes) -> None:
-        stamp_ns = self.pacer.due(data)
-        if stamp_ns is None:
-            return
-        try:
-            msg = deserialize_message(data, JointState)
-        except Exception as exc:  # noqa: BLE001 - an unreadable message is counted, never the end of the node
-            self.rejected += 1
-            self.get_logger().warning(f"unreadable joint state ignored: {type(exc).__name__}: {exc}",
-                                      throttle_duration_sec=5.0)
-            return
-        self._on_joint_state(msg, stamp_ns)
+        # an unstamped arm (0), or a header this reader does not know: at most the rate by arrival
+        stamp_ns = cdr_stamp_ns(data) or _arrival_ns()
+        if self._last_ns is not None and 0 <= stamp_ns - self._last_ns < self._period_ns:
+            return  # stamps going backwards (a restarted source) publish at once
+        self._on_joint_state(deserialize_message(data, JointState), stamp_ns)
 
     def _on_joint_state(self, msg: JointState, stamp_ns: int) -> None:
         if len(msg.name) != len(msg.position):
@@ -98,7 +96,7 @@ class StatePublisherNode(Node):
             self.rejected += 1
             self.get_logger().warning(f"joint state ignored: {exc}", throttle_duration_sec=5.0)
             return
-        self.pacer.taken(stamp_ns)
+        self._last_ns = stamp_ns
         self._tf_pub.publish(TFMessage(transforms=[self._msg(t, msg.header.stamp) for t in transforms]))
 
 
