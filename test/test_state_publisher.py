@@ -181,5 +181,7 @@ def test_an_unstamped_arm_gets_tf_at_the_rate_by_arrival_not_once(ros_context, m
             arrival[0] = 10**12 + k * 2_000_000
             node._on_raw_joint_state(data)
         assert len(sent) == 15  # 50 Hz
+        node._on_raw_joint_state(b"\x00\x01\x00\x00" + b"\xff" * 40)  # unreadable: counted, the node goes on
+        assert len(sent) == 15 and node.rejected == 1
     finally:
         node.destroy_node()

@@ -82,7 +82,14 @@ class StatePublisherNode(Node):
         stamp_ns = cdr_stamp_ns(data) or _arrival_ns()
         if self._last_ns is not None and 0 <= stamp_ns - self._last_ns < self._period_ns:
             return  # stamps going backwards (a restarted source) publish at once
-        self._on_joint_state(deserialize_message(data, JointState), stamp_ns)
+        try:
+            msg = deserialize_message(data, JointState)
+        except Exception as exc:  # noqa: BLE001 - an unreadable message is counted, never the end of the node
+            self.rejected += 1
+            self.get_logger().warning(f"unreadable joint state ignored: {type(exc).__name__}: {exc}",
+                                      throttle_duration_sec=5.0)
+            return
+        self._on_joint_state(msg, stamp_ns)
 
     def _on_joint_state(self, msg: JointState, stamp_ns: int) -> None:
         if len(msg.name) != len(msg.position):
