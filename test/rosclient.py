@@ -118,6 +118,26 @@ class ArmClient:
             self.pub.publish(msg)
             time.sleep(1.0 / rate_hz)
 
+    def command_until_stamped(self, data, settle_s: float, min_states: int = 50, min_s: float = 0.8,
+                              max_s: float = 10.0) -> tuple[list, float]:
+        """Publish ``data`` at 100 Hz for at least ``min_s``, and on until this client has received more
+        than ``min_states`` joint states the arm stamped from ``settle_s`` after the first command (at
+        most ``max_s``): a loaded machine that starves the arm or this client gets a longer window, not
+        a short count. Returns (the states stamped in that window, time.time() after the last command)."""
+        t0_wall = time.time()
+        start = time.monotonic()
+        msg = Float64MultiArray(data=[float(x) for x in data])
+
+        def sampled() -> int:
+            with self.lock:
+                return sum(1 for s in self.states if s[5] >= t0_wall + settle_s)
+
+        while time.monotonic() - start < min_s or (sampled() <= min_states and time.monotonic() - start < max_s):
+            self.pub.publish(msg)
+            time.sleep(0.01)
+        t_last_wall = time.time()  # the last command was published before this
+        return self.stamped_between(t0_wall + settle_s, t_last_wall), t_last_wall
+
     def call(self, srv_type, name: str, request, timeout_s: float = 10.0):
         """Call a service and return its response (raises TimeoutError)."""
         # one client per service for the whole test: creating and destroying a client per call
