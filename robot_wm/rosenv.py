@@ -5,6 +5,10 @@ profile (config/fastdds_loopback.xml: shared memory + UDPv4 bound to 127.0.0.1, 
 applies it, with ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``, before any node starts: in the CLI,
 in each node's ``main``, in the launch file and in the test harness.
 
+A process that must never hold up another (the online learner) takes the variant that receives over
+UDP (config/fastdds_loopback_udp.xml, ``shared_memory=False``): a process killed while it holds the
+lock of its shared-memory port blocks every process that sends to it for a second.
+
 Multi-host deployments (robot PC + GPU box) opt out with ``ROBOT_WM_DDS=system``: the
 environment is then left exactly as the user set it.
 """
@@ -26,27 +30,30 @@ class DdsConfigError(RuntimeError):
     """The DDS environment is not the loopback-only one robot_wm requires."""
 
 
-def profile_path() -> Path:
-    """Return the Fast DDS profile robot_wm applies (``$ROBOT_WM_FASTDDS_PROFILE`` or the shipped one)."""
+def profile_path(shared_memory: bool = True) -> Path:
+    """Return the Fast DDS profile robot_wm applies (``$ROBOT_WM_FASTDDS_PROFILE`` or the shipped one:
+    shared memory + UDP, or UDP alone with ``shared_memory=False``)."""
     override = os.environ.get(PROFILE_ENV)
     if override:
         return Path(override)
-    return data_path("config", "fastdds_loopback.xml", must_exist=False)
+    return data_path("config", "fastdds_loopback.xml" if shared_memory else "fastdds_loopback_udp.xml", must_exist=False)
 
 
-def loopback_env(base: MutableMapping[str, str] | None = None, domain_id: int | None = None) -> dict[str, str]:
+def loopback_env(base: MutableMapping[str, str] | None = None, domain_id: int | None = None,
+                 shared_memory: bool = True) -> dict[str, str]:
     """Return a copy of ``base`` (default: os.environ) with the loopback-only DDS settings applied.
 
     Args:
         base: environment to start from.
         domain_id: ROS_DOMAIN_ID to set (tests use their own); None keeps the inherited one.
+        shared_memory: False for the UDP-only profile (see the module docstring).
     Returns:
         The new environment mapping (for subprocesses).
     """
     env = dict(os.environ if base is None else base)
     if env.get(OPT_OUT_ENV) == "system":
         return env
-    path = profile_path()
+    path = profile_path(shared_memory)
     problems = check_profile(path)
     if problems:
         raise DdsConfigError("; ".join(problems) + f" (set {OPT_OUT_ENV}=system to manage DDS yourself)")
@@ -59,9 +66,9 @@ def loopback_env(base: MutableMapping[str, str] | None = None, domain_id: int | 
     return env
 
 
-def apply_loopback_dds(domain_id: int | None = None) -> None:
+def apply_loopback_dds(domain_id: int | None = None, shared_memory: bool = True) -> None:
     """Apply the loopback-only DDS settings to this process; call before ``rclpy.init``."""
-    os.environ.update(loopback_env(domain_id=domain_id))
+    os.environ.update(loopback_env(domain_id=domain_id, shared_memory=shared_memory))
 
 
 def check_profile(path: Path) -> list[str]:

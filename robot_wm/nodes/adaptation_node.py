@@ -230,8 +230,10 @@ class AdaptationNode(ControlNode):
         self._update_pub.publish(msg)
 
 
-# the commands' DDS source times come as MessageInfo, which rclpy's EventsExecutor does not hand over
-main = main_for(AdaptationNode, executor_kind="single")
+# the commands' DDS source times come as MessageInfo, which rclpy's EventsExecutor does not hand over. Off
+# shared memory (UDP on loopback): killed while it holds a lock of Fast DDS's shared-memory transport, the
+# learner would block every process that sends to it (the safety filter, the arm) for a second (rosenv)
+main = main_for(AdaptationNode, executor_kind="single", shared_memory=False)
 
 if __name__ == "__main__":
     main()

@@ -94,7 +94,8 @@ class SpinThread:
 NodeFactory = Callable[[Context], Node]
 
 
-def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, executor_kind: str | None = None) -> int:
+def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, executor_kind: str | None = None,
+              shared_memory: bool = True) -> int:
     """Create the nodes, spin them in one executor until SIGINT/SIGTERM, then tear down cleanly.
 
     Args:
@@ -102,12 +103,14 @@ def run_nodes(factories: Sequence[NodeFactory], args: list[str] | None = None, e
         args: command-line arguments (``--ros-args ...``); None uses sys.argv.
         executor_kind: "events" or "single" for this process whatever $ROBOT_WM_EXECUTOR says (a node
             whose callbacks take ``MessageInfo``: rclpy's EventsExecutor cannot hand it over).
+        shared_memory: False keeps this process off Fast DDS's shared memory (UDP on loopback alone,
+            ``rosenv``): for a process whose death must not hold up the others.
     Returns:
         Process exit code: 0 on a clean stop, 2 on a configuration error. The caller ends the process
         with it (:func:`exit_process`): from here the stop's backup ends it ``2 * STOP_GRACE_S`` later
         in any case, so this is for a process's entry point, not for running nodes inside another program.
     """
-    apply_loopback_dds()
+    apply_loopback_dds(shared_memory=shared_memory)
     context = Context()
     rclpy.init(args=args, context=context, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
@@ -268,10 +271,13 @@ def exit_process(code: int) -> NoReturn:
         os._exit(code)
 
 
-def main_for(node_cls: type[Node], executor_kind: str | None = None) -> Callable[[list[str] | None], None]:
-    """Return a ``main(args=None)`` entry point that runs ``node_cls`` alone (``executor_kind``: see run_nodes)."""
+def main_for(node_cls: type[Node], executor_kind: str | None = None,
+             shared_memory: bool = True) -> Callable[[list[str] | None], None]:
+    """Return a ``main(args=None)`` entry point that runs ``node_cls`` alone (``executor_kind``,
+    ``shared_memory``: see run_nodes)."""
 
     def main(args: list[str] | None = None) -> None:
-        exit_process(run_nodes([lambda ctx: node_cls(context=ctx)], args, executor_kind))
+        exit_process(run_nodes([lambda ctx: node_cls(context=ctx)], args, executor_kind, shared_memory))
 
+    main.shared_memory = shared_memory  # type: ignore[attr-defined]  (what the tests check)
     return main
