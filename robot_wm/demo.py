@@ -100,6 +100,7 @@ class _Monitor:
 
         self.lock = threading.Lock()
         self.js: list[tuple[float, np.ndarray, np.ndarray]] = []
+        self.js_stamps: list[float] = []  # the header stamp of each of ``js`` (the arm's wall clock, s)
         self.status: list[tuple[float, int, str, float, float, tuple[str, ...], tuple[str, ...]]] = []
         self.pred_err: list[tuple[float, float]] = []
         self.trust: list[tuple[float, int, float, str]] = []  # (receipt, level, score, reason)
@@ -119,6 +120,7 @@ class _Monitor:
             stamp = stamp_to_s(msg.header.stamp)
             with self.lock:
                 self.js.append((now, q, qd))
+                self.js_stamps.append(stamp)
                 # the prediction made at stamp t is for the state one period (dt) later: compare by stamps
                 if self._pending_pred is not None and stamp >= self._pending_pred[0]:
                     self.pred_err.append((now, float(np.abs(self._pending_pred[1] - qd).max())))
@@ -332,7 +334,7 @@ def run_demo(profile: str = "nominal", duration_s: float = 60.0, out_dir: Path |
                 mon.event(f"operator: push 72 N at the tool for 0.3 s ({resp.message})")
             if not estopped and now >= t_estop:
                 estopped = True
-                estop_at = time.monotonic()
+                estop_at = time.time()  # the arm's clock: its stop is judged by its own stamps
                 resp = _call(node, Trigger, "/robot_wm/estop", Trigger.Request())
                 mon.event(f"operator: e-stop ({resp.message})")
             if estopped and not reset_done and now >= t_reset:
@@ -427,6 +429,7 @@ def _path_results(events: list[tuple[float, str]]) -> list[tuple[float, bool]]:
 def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, task="reach") -> DemoSummary:
     with mon.lock:
         js = list(mon.js)
+        js_stamps = list(mon.js_stamps)
         status = [s for s in mon.status if s[0] >= t0]  # from the operator's enable on
         events = [(t - t0, e) for t, e in mon.events]
         trust = [x for x in mon.trust if x[0] >= t0]
@@ -448,8 +451,10 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     timed_out = sum(1 for _, e in events if "timed out" in e)
     estop_to_rest = None
     if estop_at is not None:
-        after = [(t, np.abs(qd).max()) for t, _, qd in js if t >= estop_at]
-        rest = next((t for t, v in after if v < 0.01), None)
+        # by the arm's stamps (time.time() at the request): when this process got the states is the
+        # machine's delivery, not the arm's stop
+        after = [(stamp, np.abs(qd).max()) for stamp, (_, _, qd) in zip(js_stamps, js) if stamp >= estop_at]
+        rest = next((stamp for stamp, v in after if v < 0.01), None)
         estop_to_rest = None if rest is None else rest - estop_at
     reset_at = next((t for t, e in events if e.startswith("operator: reset")), None)
     resumed = bool(reset_ok) and reset_at is not None and any(
