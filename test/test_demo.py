@@ -22,7 +22,7 @@ def test_scripted_arm_tracks_its_commands_and_stops_on_the_timeout(spawn, ros_co
     script = default_script()
     try:
         assert client.wait_for_state(30.0), "no /joint_states from arm_sim:\n" + proc.output()
-        for _ in range(2):  # once more if this observer missed part of the run (see below)
+        for _ in range(3):  # again if this observer missed part of the run (see below)
             wall_minus_mono = time.time() - time.monotonic()
             t0 = run_script(client, script)
             time.sleep(0.1)  # the last joint states of the silence
@@ -31,8 +31,9 @@ def test_scripted_arm_tracks_its_commands_and_stops_on_the_timeout(spawn, ros_co
             # one): a moment this process was not scheduled delays their receipt, not the arm's stop
             stamps = [s[5] - wall_minus_mono for s in states]
             # a stall of the machine (CI once: 1.3 s without a joint state, a whole segment unjudged)
-            # leaves a hole in what was observed; the arm is then judged on a second run
-            if len(stamps) > 1 and np.diff(stamps).max() < 0.2:
+            # leaves a hole in what was observed, and a starved observer receives too few of the 500 Hz
+            # states (test_driver_kit's client, CI once: 35 of 250): the arm is then judged on another run
+            if len(stamps) > 1000 and np.diff(stamps).max() < 0.2:
                 break
     finally:
         client.close()

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import wait_for
 from rosclient import ArmClient
+from test_control_stack_ros import _arm_stalls
 
 CLI = [sys.executable, "-m", "robot_wm.cli"]
 # promotion criteria small enough for a test: seconds, not minutes. No anomaly-free time: how often
@@ -140,15 +141,18 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
             jog.publish(Float64MultiArray(data=[5.0, -5.0, 5.0, 0.0, 0.0, 0.0]))
             time.sleep(0.02)
         t_last = time.time()
-        jogged = [s for s in arm.states if t_jog <= s[5] <= t_last]
-        peak = max(np.max(np.abs(s[2]) / slow_cap) for s in jogged)
-        assert 0.5 < peak <= 1.05, peak  # it moved, and no faster than the limits in force
-        # --- the deadman: no teleop message -> the arm stops by itself (stamps of the arm's states)
+        # the states the arm stamped during the jog, the window complete (a loaded machine hands them over late)
+        jogged = arm.stamped_between(t_jog, t_last)
+        peak = max((np.max(np.abs(s[2]) / slow_cap) for s in jogged), default=0.0)
+        assert 0.5 < peak <= 1.05, (peak, len(jogged))  # it moved, and no faster than the limits in force
+        # --- the deadman: no teleop message -> the arm stops by itself (stamps of the arm's states; + the arm's
+        # own stalls: while its process is not scheduled its simulation does not run, see _arm_stalls)
         assert wait_for(lambda: arm.rest_after(t_last, 0.01) is not None, 5.0)
         stop_s = arm.rest_after(t_last, 0.01)
         decel = np.min(np.asarray(limits.accel_max_radps2)[:3] * limits.level_accel_scale[TrustLevel.SLOW]
                        * limits.phase_accel_scale[Phase.MIXED])
-        assert stop_s <= 0.2 + float(np.max(slow_cap[:3])) / decel + 0.5, stop_s
+        stall = _arm_stalls(arm, t_last, t_last + stop_s)
+        assert stop_s <= 0.2 + float(np.max(slow_cap[:3])) / decel + 0.5 + stall, (stop_s, stall)
         # --- a tool twist in the base frame moves the tool that way
         from robot_wm import description
         from robot_wm.core.kinematics import Kinematics
@@ -156,8 +160,11 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
         urdf = description.expand()
         kin = Kinematics(urdf, description.joint_limits(urdf).names)
         before = kin.tool_position_m(arm.latest()[1])
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
+        # 1 s, and on (up to 10 s) until the tool rose 1 cm: a loaded machine that delays the twists past the
+        # deadman gets a longer push, not a short one (what is judged is the direction)
+        start = time.monotonic()
+        while time.monotonic() - start < 1.0 or (kin.tool_position_m(arm.latest()[1])[2] - before[2] <= 0.01
+                                                 and time.monotonic() - start < 10.0):
             msg = TwistStamped()
             msg.header.frame_id = "base_link"
             msg.twist.linear.z = 0.03

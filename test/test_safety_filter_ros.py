@@ -118,7 +118,7 @@ def test_a_malformed_parameter_value_is_refused_and_latches_a_fault(stack):
     result = _set_param(client, "safety.tool_speed_max_mps", -1.0)
     assert not result.successful and "tool_speed_max_mps" in result.reason
     assert wait_for(lambda: client.statuses and "fault" in client.statuses[-1].latches
-                    and "bad parameter" in client.statuses[-1].fault_reason, 3.0), client.statuses[-1:]
+                    and "bad parameter" in client.statuses[-1].fault_reason, 10.0), client.statuses[-1:]
     assert wait_for(lambda: _at_rest(client), 10.0) and filt.process.poll() is None
 
 
@@ -134,8 +134,10 @@ def test_malformed_trust_and_wrench_messages_latch_a_fault_and_the_filter_lives(
     wrench_pub = client.node.create_publisher(WrenchStamped, "/robot_wm/wrench", qos_profile_sensor_data)
     source.value = MOVE
     assert wait_for(lambda: _moving(client), 10.0)
-    trust_pub.publish(TrustState(level=99, phase=0))
-    assert wait_for(lambda: _latched_fault(client, "trust"), 10.0), client.statuses[-1:]
+    # published until the filter says so (publish returns None): one sent before the filter's subscription has
+    # matched this new publisher is lost, and on a loaded machine discovery can take longer than the wait above
+    assert wait_for(lambda: _latched_fault(client, "trust") or trust_pub.publish(TrustState(level=99, phase=0)),
+                    10.0), client.statuses[-1:]
     assert "level=99" in client.statuses[-1].fault_reason
     assert wait_for(lambda: _at_rest(client), 10.0)
     time.sleep(0.3)
@@ -157,7 +159,7 @@ def test_malformed_trust_and_wrench_messages_latch_a_fault_and_the_filter_lives(
     bad = WrenchStamped()
     bad.header.frame_id = "ft_sensor_link"
     bad.wrench.force.x = float("nan")
-    end = time.monotonic() + 1.0
+    end = time.monotonic() + 10.0  # (a loaded machine may starve this loop: on until the filter says so)
     while time.monotonic() < end and not _latched_fault(client, "wrench"):
         wrench_pub.publish(bad)
         time.sleep(0.002)
@@ -165,7 +167,8 @@ def test_malformed_trust_and_wrench_messages_latch_a_fault_and_the_filter_lives(
     assert any(s.fault_kind == "wrench" for s in list(client.statuses)[-300:])
     assert wait_for(lambda: _at_rest(client), 10.0) and filt.process.poll() is None
     assert wait_for(healthy_trust_then_reset, 10.0)  # the arm's good wrenches are back
-    assert wait_for(lambda: _moving(client) or not trust_pub.publish(
+    # (publish returns None: the trust is republished until the arm moves; `not publish()` ended the wait at once)
+    assert wait_for(lambda: _moving(client) or trust_pub.publish(
         TrustState(level=TrustState.LEVEL_FULL, phase=TrustState.PHASE_SIM)), 10.0)
 
 
@@ -273,19 +276,27 @@ def test_a_nominal_flapping_around_its_stale_limit_is_logged_at_most_once_a_seco
     from robot_wm.msg import SafetyStatus
 
     _, filt, client, source = stack
+    line = "controlled stop, FAULT (stale): stale input: nominal"
+    logged_before = filt.output().count(line)
     source.close()  # the test's 100 Hz source stops; a slow one takes over
     pub = client.node.create_publisher(Float64MultiArray, "/robot_wm/action_nominal", 10)
     t_wall = time.time()
-    end = time.monotonic() + 3.0
-    while time.monotonic() < end:
+
+    def starts() -> int:
+        states = [(s.state, s.fault_kind) for s in _statuses_after(client, t_wall)]
+        return sum(1 for a, b in zip(states, states[1:]) if a[0] != SafetyStatus.FAULT and b == (SafetyStatus.FAULT, "stale"))
+
+    # 3 s, and on (up to 30 s) until the filter was seen to stop 10 times: the first messages of a new publisher
+    # are lost until discovery matched it, and a loaded machine may starve this loop or drop statuses on the way
+    start = time.monotonic()
+    while time.monotonic() - start < 3.0 or (starts() < 10 and time.monotonic() - start < 30.0):
         pub.publish(Float64MultiArray(data=MOVE))
         time.sleep(1.0 / 12.0)
-    states = [(s.state, s.fault_kind) for s in _statuses_after(client, t_wall)]
-    starts = sum(1 for a, b in zip(states, states[1:]) if a[0] != SafetyStatus.FAULT and b == (SafetyStatus.FAULT, "stale"))
-    assert starts >= 10, states[-50:]  # it did flap
-    line = "controlled stop, FAULT (stale): stale input: nominal"
+    took = time.monotonic() - start
+    assert starts() >= 10, [(s.state, s.fault_kind) for s in _statuses_after(client, t_wall)][-50:]  # it did flap
     assert wait_for(lambda: line in filt.output(), 5.0), filt.output()[-2000:]
-    assert filt.output().count(line) <= 4, filt.output()[-3000:]  # 3 s: at most one a second
+    # at most one a second: in 3 s (from the stop of the 100 Hz source on) at most 4, as many more as it took longer
+    assert filt.output().count(line) - logged_before <= int(took + 0.2) + 1, (took, filt.output()[-3000:])
     assert filt.process.poll() is None
 
 

@@ -412,7 +412,9 @@ def test_the_trust_monitor_in_the_graph_judges_a_payload_and_recovers(spawn, ros
         # the arm applied the fault just before it answered: the monitor's latency is judged from the answer, in
         # the monitor's periods (a loaded CI run measured 1.07 s of wall time from before the call)
         t_applied = time.time()
-        assert wait_for(lambda: level_since(t_fault, lambda s: s.level >= 1 and EFFORT_OVER.search(s.reason)), 5.0), \
+        # a generous wait on this machine's clock: the bound is the one below, in the monitor's own periods (a starved
+        # monitor runs fewer of them a second, and this client may get its verdicts late)
+        assert wait_for(lambda: level_since(t_fault, lambda s: s.level >= 1 and EFFORT_OVER.search(s.reason)), 30.0), \
             procs["trust_monitor"].output()[-3000:]
         dropped = next(s for s in list(states) if s.header.stamp.sec + s.header.stamp.nanosec * 1e-9 >= t_fault
                        and s.level >= 1)
@@ -426,7 +428,8 @@ def test_the_trust_monitor_in_the_graph_judges_a_payload_and_recovers(spawn, ros
         assert periods < 300, (periods, t_drop - t_fault, t_drop - t_applied, dropped.reason)
         assert _call(node, executor, InjectFault, "/arm_sim/inject_fault", InjectFault.Request(kind="clear")).success
         t_clear = time.time()
-        assert wait_for(lambda: level_since(t_clear, lambda s: s.level == 0), 30.0), \
+        # (clean holds of 2 s each, and a loaded machine makes the monitor see an excursion now and then: generous)
+        assert wait_for(lambda: level_since(t_clear, lambda s: s.level == 0), 60.0), \
             procs["trust_monitor"].output()[-3000:]
         assert "Traceback" not in procs["trust_monitor"].output()
     finally:
