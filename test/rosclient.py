@@ -118,6 +118,21 @@ class ArmClient:
             self.pub.publish(msg)
             time.sleep(1.0 / rate_hz)
 
+    def command_until(self, data, done, min_s: float, max_s: float = 10.0) -> bool:
+        """Publish ``data`` at 100 Hz for at least ``min_s``, and on until ``done()`` (at most ``max_s``): a
+        loaded machine that delivers the command or the states late gets a longer command, not a judgement
+        on the stale states this client had at a fixed time. Returns ``done()``."""
+        start = time.monotonic()
+        while time.monotonic() - start < min_s or (not done() and time.monotonic() - start < max_s):
+            self.command_for(data, 0.01)
+        return bool(done())
+
+    def rested_for(self, t_wall: float, seconds: float) -> bool:
+        """At rest since ``t_wall`` (time.time()) by the arm's stamps (``rest_after``), and this client
+        holds ``seconds`` of that rest (states stamped that long after the first one at rest)."""
+        rest, latest = self.rest_after(t_wall), self.latest()
+        return rest is not None and latest[5] - (t_wall + rest) >= seconds
+
     def command_until_stamped(self, data, settle_s: float, min_states: int = 50, min_s: float = 0.8,
                               max_s: float = 10.0) -> tuple[list, float]:
         """Publish ``data`` at 100 Hz for at least ``min_s``, and on until this client has received more

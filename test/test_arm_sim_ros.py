@@ -38,23 +38,6 @@ def _rest(client, tol_radps=0.01):
     return latest is not None and np.abs(latest[2]).max() < tol_radps
 
 
-def _command_until(client, data, done, min_s: float, max_s: float = 10.0) -> bool:
-    """Publish ``data`` at 100 Hz for at least ``min_s``, and on until ``done()`` (at most ``max_s``): a loaded
-    machine that delivers the command or the states late gets a longer command, not a judgement on the stale
-    states this client had at a fixed time. Returns ``done()``."""
-    start = time.monotonic()
-    while time.monotonic() - start < min_s or (not done() and time.monotonic() - start < max_s):
-        client.command_for(data, 0.01)
-    return bool(done())
-
-
-def _rested_for(client, t_wall: float, seconds: float) -> bool:
-    """At rest since ``t_wall`` (time.time()) by the arm's stamps, and this client holds ``seconds`` of
-    the rest (states stamped that long after the first one at rest)."""
-    rest, latest = client.rest_after(t_wall), client.latest()
-    return rest is not None and latest[5] - (t_wall + rest) >= seconds
-
-
 def test_joint_states_follow_the_contract(arm):
     _, client = arm
     t, q, v, effort, names, _ = client.latest()
@@ -99,12 +82,12 @@ def test_bad_command_is_rejected_and_arm_holds(arm, bad):
     proc, client = arm
     # moving (commanded on until this client sees it: on a loaded machine the states it holds after a fixed
     # 0.4 s can predate the command)
-    assert _command_until(client, [0.3, 0, 0, 0, 0, 0], lambda: np.abs(client.latest()[2][0]) > 0.2, 0.4), \
+    assert client.command_until([0.3, 0, 0, 0, 0, 0], lambda: np.abs(client.latest()[2][0]) > 0.2, 0.4), \
         client.latest()[2]
     t_bad = time.time()  # the arm's clock: judged by its stamps, not by when this client got the states
     # keeps arriving: the arm must not keep moving on it; on until this client holds 0.2 s of the rest that
     # follows (a loaded machine delivers the states late)
-    assert _command_until(client, bad, lambda: _rested_for(client, t_bad, 0.2), 0.6), \
+    assert client.command_until(bad, lambda: client.rested_for(t_bad, 0.2), 0.6), \
         f"arm moves under a rejected command: {client.latest()[2]}"
     # at rest within the bad command's delivery and the stop ramp (generous: delivery can take 0.2 s on a
     # loaded 2-core machine), and at rest since (rest_after: every later state)

@@ -81,23 +81,6 @@ def _at_rest(client: ArmClient, tol_radps: float = 0.01) -> bool:
     return latest is not None and np.abs(latest[2]).max() < tol_radps
 
 
-def _command_until(client: ArmClient, data, done, min_s: float, max_s: float = 10.0) -> bool:
-    """Publish ``data`` at 100 Hz for at least ``min_s``, and on until ``done()`` (at most ``max_s``): a loaded
-    machine that delivers the command or the states late gets a longer command, not a judgement on the stale
-    states this client had at a fixed time. Returns ``done()``."""
-    start = time.monotonic()
-    while time.monotonic() - start < min_s or (not done() and time.monotonic() - start < max_s):
-        client.command_for(data, 0.01)
-    return bool(done())
-
-
-def _rested_for(client: ArmClient, t_wall: float, seconds: float) -> bool:
-    """At rest since ``t_wall`` (time.time()) by the arm's stamps, and this client holds ``seconds`` of
-    the rest (states stamped that long after the first one at rest)."""
-    rest, latest = client.rest_after(t_wall), client.latest()
-    return rest is not None and latest[5] - (t_wall + rest) >= seconds
-
-
 def _stamped_since(client: ArmClient, t_wall: float) -> list:
     """The joint states the arm stamped at or after ``t_wall`` (time.time()) that this client has."""
     with client.lock:
@@ -181,11 +164,11 @@ def test_a_bad_command_is_refused_naming_why_and_the_arm_rests(spawn, ros_contex
                             ([9.0, 0, 0, 0, 0, 0], "beyond the URDF velocity limits: shoulder_pan_joint +9.000")]:
             # moving: the refusal below is what stops it (commanded on until this client sees it move: on a
             # loaded machine the states it holds after a fixed 0.3 s can predate the command)
-            assert _command_until(client, [0.3, 0, 0, 0, 0, 0], lambda: not _at_rest(client), 0.3), client.latest()[2]
+            assert client.command_until([0.3, 0, 0, 0, 0, 0], lambda: not _at_rest(client), 0.3), client.latest()[2]
             t_bad = time.time()  # the arm's clock: judged by its stamps, not by when this client got the states
             # keeps arriving, faster than the timeout: only the refusal stops the arm; on until this client holds
             # 0.15 s of the rest that follows (a loaded machine delivers them late)
-            assert _command_until(client, bad, lambda: _rested_for(client, t_bad, 0.15), 0.3), client.latest()[2]
+            assert client.command_until(bad, lambda: client.rested_for(t_bad, 0.15), 0.3), client.latest()[2]
             # at rest within the bad command's delivery and the drives' lag (generous, as in the first test:
             # delivery can take 0.2 s on a loaded 2-core machine), and at rest since (rest_after: every later
             # state); never faster than the good command: the bad one never reached the drives
