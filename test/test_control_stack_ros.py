@@ -95,16 +95,6 @@ def _at_rest(client, tol=0.01):
     return latest is not None and np.abs(latest[2]).max() < tol
 
 
-def _arm_stalls(client: ArmClient, t0: float, t1: float) -> float:
-    """Seconds the arm's own stamps stood still between ``t0`` and ``t1`` (gaps past 20 ms between two
-    of its joint states): while the arm's process is not scheduled its simulation does not run either
-    (it skips ahead afterwards), so a stop takes that much longer by its stamps. Such stalls (a loaded
-    CI box once measured 1.0 s, once 2.9 s) are the machine's, not the stop's, and are added to a bound."""
-    with client.lock:
-        stamps = [st[5] for st in client.states if t0 - 0.1 <= st[5] <= t1]
-    return sum(max(0.0, b - a - 0.02) for a, b in zip(stamps, stamps[1:]))
-
-
 def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
     _, filt, client, source = stack
     source.value = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -128,7 +118,7 @@ def test_estop_zeroes_the_command_stops_the_arm_and_latches_until_reset(stack):
     # and deliver the call (the filter's answer came after its zero: checked above); the arm's own stalls added
     assert wait_for(lambda: client.rest_after(t_zero) is not None, 10.0), f"arm not at rest: {client.latest()[2]}"
     rest = client.rest_after(t_zero)
-    stall = _arm_stalls(client, t_zero, t_zero + rest)
+    stall = client.stalls(t_zero, t_zero + rest)
     assert rest < 0.3 + stall, f"at rest {rest:.3f} s after the e-stop zero (the arm's own stalls {stall:.3f} s)"
     # adversarial nominal commands while latched: every command sent after the answer is exactly zero
     source.value = [1.5, -1.5, 1.5, 2.0, -2.0, 2.0]
@@ -181,7 +171,7 @@ def test_nominal_source_dying_stops_the_arm_within_a_few_periods(stack):
     assert wait_for(lambda: client.rest_after(t_dead) is not None, 10.0), f"still moving: {client.latest()[2]}"
     # stale after 5 periods (50 ms), then a controlled stop at 10 rad/s^2 from 0.5 rad/s: ~100 ms (+ the arm's stalls)
     rest = client.rest_after(t_dead)
-    stall = _arm_stalls(client, t_dead, t_dead + rest)
+    stall = client.stalls(t_dead, t_dead + rest)
     assert rest < 0.4 + stall, f"at rest {rest:.3f} s after the nominal stopped (the arm's own stalls {stall:.3f} s)"
     # the filter keeps commanding zero: 50 commands published from 0.3 s after the death on
     assert wait_for(lambda: len(source.published_since(t_dead + 0.3)) >= 50, 10.0)
@@ -196,10 +186,10 @@ def test_killing_the_filter_stops_the_arm_through_its_own_timeout(stack):
     filt.process.send_signal(signal.SIGKILL)  # no goodbye command: only the driver's timeout is left
     assert wait_for(lambda: client.rest_after(t_kill) is not None, 10.0), f"arm still moving: {client.latest()[2]}"
     # 50 ms driver timeout + a controlled deceleration from 0.4 rad/s: ~0.1 s on an idle machine, + the
-    # arm's own stalls (_arm_stalls). The bound says the driver's timeout stops the arm with no filter
+    # arm's own stalls (ArmClient.stalls). The bound says the driver's timeout stops the arm with no filter
     # at all; without it the arm would keep the last command.
     rest = client.rest_after(t_kill)
-    stall = _arm_stalls(client, t_kill, t_kill + rest)
+    stall = client.stalls(t_kill, t_kill + rest)
     assert rest < 1.0 + stall, f"at rest {rest:.3f} s after the filter died (the arm's own stalls {stall:.3f} s)"
 
 
@@ -215,7 +205,7 @@ def test_malformed_nominal_stops_the_arm_with_a_clear_status(stack, bad):
     source.value = bad
     assert wait_for(lambda: client.rest_after(t_bad) is not None, 10.0)
     rest = client.rest_after(t_bad)  # one period to see it, then the controlled stop from 0.4 rad/s (+ the arm's stalls)
-    stall = _arm_stalls(client, t_bad, t_bad + rest)
+    stall = client.stalls(t_bad, t_bad + rest)
     assert rest < 0.5 + stall, f"at rest {rest:.3f} s after the bad nominal (the arm's own stalls {stall:.3f} s)"
     assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT, 10.0)
     assert "u_nominal_radps" in statuses[-1].fault_reason and statuses[-1].fault_kind == "nominal"
@@ -304,7 +294,7 @@ def test_killing_the_policy_process_stops_the_arm_within_a_few_periods(spawn, ro
         # stale after 5 periods (50 ms), then a controlled stop from at most ~1.5 rad/s at 10-15 rad/s^2 (+ the
         # arm's own stalls)
         rest = client.rest_after(t_kill)
-        stall = _arm_stalls(client, t_kill, t_kill + rest)
+        stall = client.stalls(t_kill, t_kill + rest)
         assert rest < 0.5 + stall, f"(the arm's own stalls {stall:.3f} s)\n" + _stop_story(client, t_kill)
         assert wait_for(lambda: statuses and statuses[-1].state == SafetyStatus.FAULT
                         and statuses[-1].fault_kind == "stale" and "nominal" in statuses[-1].fault_reason, 10.0), \

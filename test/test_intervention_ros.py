@@ -17,7 +17,6 @@ import pytest
 
 from conftest import wait_for
 from rosclient import ArmClient
-from test_control_stack_ros import _arm_stalls
 
 CLI = [sys.executable, "-m", "robot_wm.cli"]
 # promotion criteria small enough for a test: seconds, not minutes. No anomaly-free time: how often
@@ -146,12 +145,12 @@ def test_promotion_intervention_teleop_deadman_and_release_through_the_filter(sp
         peak = max((np.max(np.abs(s[2]) / slow_cap) for s in jogged), default=0.0)
         assert 0.5 < peak <= 1.05, (peak, len(jogged))  # it moved, and no faster than the limits in force
         # --- the deadman: no teleop message -> the arm stops by itself (stamps of the arm's states; + the arm's
-        # own stalls: while its process is not scheduled its simulation does not run, see _arm_stalls)
+        # own stalls: while its process is not scheduled its simulation does not run, see ArmClient.stalls)
         assert wait_for(lambda: arm.rest_after(t_last, 0.01) is not None, 5.0)
         stop_s = arm.rest_after(t_last, 0.01)
         decel = np.min(np.asarray(limits.accel_max_radps2)[:3] * limits.level_accel_scale[TrustLevel.SLOW]
                        * limits.phase_accel_scale[Phase.MIXED])
-        stall = _arm_stalls(arm, t_last, t_last + stop_s)
+        stall = arm.stalls(t_last, t_last + stop_s)
         assert stop_s <= 0.2 + float(np.max(slow_cap[:3])) / decel + 0.5 + stall, (stop_s, stall)
         # --- a tool twist in the base frame moves the tool that way
         from robot_wm import description
