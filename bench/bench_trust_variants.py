@@ -19,10 +19,11 @@ a variant's first drop; after one, the arm would have slowed, which a recording 
 
     python bench/bench_trust_variants.py [--profiles real_twin] [--faults latency payload push] [--trials 10]
         [--calibrate-seconds 600] [--normal-minutes 60]
-        [--variant base: --variant lag_tau_s=0.05 --variant lag_tau_s=0.2,min_duration_s=0.02 ...]
+        [--variant base: --variant lag_tau_s=0.05 --variant lag_tau_s=0.2,min_duration_s=0.02 --variant lag_min_power=1e-4 ...]
 
-A variant is ``name=value[,name=value]`` over TrustConfig's fields (``tau_s`` as ``a/b/c/d/e``);
-``base`` is config/trust.yaml as it is. The last line is one JSON object.
+A variant is ``name=value[,name=value]`` over TrustConfig's fields (``tau_s`` as ``a/b/c/d/e``) and
+``lag_min_power`` (the response lag's floor, ``signals.MIN_RESPONSE_POWER``); ``base`` is
+config/trust.yaml as it is. The last line is one JSON object.
 """
 from __future__ import annotations
 
@@ -42,17 +43,28 @@ DEFAULT_VARIANTS = ("base", "lag_tau_s=0.05", "lag_tau_s=0.2", "min_duration_s=0
 
 
 def parse_variant(text: str, base):
-    """``name=value[,name=value]`` -> TrustConfig (``base`` for "base"); a bad one names what was wrong."""
+    """``name=value[,name=value]`` -> (TrustConfig, the response lag's ``min_power``) (``base`` for
+    "base"); a bad one names what was wrong."""
+    from robot_wm.core.trust.signals import MIN_RESPONSE_POWER
+
     if text.strip() == "base":
-        return base
+        return base, MIN_RESPONSE_POWER
     fields = {f.name: f for f in dataclasses.fields(base)}
     unjudgeable = ("clean_hold_s", "stale_s", "stop_stale_s", "human_after_s", "human_on_anomaly")
-    changes = {}
+    changes, min_power = {}, MIN_RESPONSE_POWER
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
+        if sep and name == "lag_min_power":  # the response lag's floor (signals.MIN_RESPONSE_POWER), not in trust.yaml
+            try:
+                min_power = float(value)
+            except ValueError as exc:
+                raise ValueError(f"variant {text!r}: lag_min_power={value!r}: {exc}") from exc
+            if not (math.isfinite(min_power) and min_power > 0):
+                raise ValueError(f"variant {text!r}: lag_min_power={value!r}: expected a positive (rad/s)²")
+            continue
         if not sep or name not in fields:
-            raise ValueError(f"variant {text!r}: {part!r} is not name=value over {sorted(fields)}")
+            raise ValueError(f"variant {text!r}: {part!r} is not name=value over {sorted(fields)} or lag_min_power")
         if name in unjudgeable:
             raise ValueError(f"variant {text!r}: {name} shapes the start-up or the recovery, which a recorded motion "
                              "cannot show: measure it with bench_trust.py")
@@ -60,7 +72,7 @@ def parse_variant(text: str, base):
             changes[name] = tuple(float(v) for v in value.split("/")) if name == "tau_s" else float(value)
         except ValueError as exc:
             raise ValueError(f"variant {text!r}: {name}={value!r}: {exc}") from exc
-    return dataclasses.replace(base, **changes)  # TrustConfig checks the values itself
+    return dataclasses.replace(base, **changes), min_power  # TrustConfig checks the values itself
 
 
 def record(profile: str, faults: list[str], trials: int, calibrate_s: float, seed: int, normal_minutes: float = 0.0):
@@ -108,15 +120,18 @@ def false_alarms(judged) -> dict:
 
 
 def judge(variant, normal, runs: dict, version: str, held=None) -> dict:
+    """``variant``: (TrustConfig, the response lag's min_power), as ``parse_variant`` gives it."""
     from robot_wm.core.trust.settings import load_trust_config
     from robot_wm.learning import trust_eval as te
 
+    variant, min_power = variant
     settings = load_trust_config()[1]
-    cal = te.calibrate_run(te.with_lag_tau(normal, variant.lag_tau_s), settings.exceedance, settings.floor_map(), variant,
-                           model_version=version, source="variant", alarms_per_hour=settings.alarms_per_hour)
+    cal = te.calibrate_run(te.with_lag_tau(normal, variant.lag_tau_s, min_power), settings.exceedance,
+                           settings.floor_map(), variant, model_version=version, source="variant",
+                           alarms_per_hour=settings.alarms_per_hour)
     by_kind: dict[str, dict] = {}
     for (kind, _), run in runs.items():
-        judged = te.rejudge(run, cal, variant)
+        judged = te.rejudge(run, cal, variant, lag_min_power=min_power)
         entry = by_kind.setdefault(kind, {"seen": [], "from_motion": [], "missed": 0, "not_full_at_onset": 0})
         before = judged.level[judged.t_s < judged.fault_t_s]
         if before.size == 0 or before[-1] != 0:  # dropped before the onset (a false alarm), or never FULL
@@ -141,7 +156,7 @@ def judge(variant, normal, runs: dict, version: str, held=None) -> dict:
               for kind, e in by_kind.items()}
     out = {"thresholds": cal.thresholds, "faults": faults}
     if held is not None:
-        out["normal"] = false_alarms(te.rejudge(held, cal, variant))
+        out["normal"] = false_alarms(te.rejudge(held, cal, variant, lag_min_power=min_power))
     return out
 
 

@@ -156,6 +156,26 @@ def test_the_response_lag_reads_zero_when_the_arm_answers_as_predicted_and_rises
     assert np.abs(resting).max() < 0.05  # nothing predicted to change: nothing to judge (the floor)
 
 
+def test_the_response_lags_floor_discounts_small_predicted_changes_and_only_those():
+    """MIN_RESPONSE_POWER in the denominator: a steady predicted change whose power equals the floor
+    reads half the slope the arm shows, one a hundred times larger nearly all of it (the same relative
+    miss); a floor that is not a positive number is refused."""
+    from robot_wm.core.trust.signals import MIN_RESPONSE_POWER
+
+    def steady(power: float, miss: float) -> float:
+        lag = ResponseLag(0.1)
+        for _ in range(200):
+            out = lag.update(-miss * power, power, DT)
+        return out
+
+    assert steady(MIN_RESPONSE_POWER, 0.8) == pytest.approx(0.4, rel=1e-6)
+    assert steady(100 * MIN_RESPONSE_POWER, 0.8) == pytest.approx(0.8 * 100 / 101, rel=1e-6)
+    assert ResponseLag(0.1, min_power=1e-4).update(-0.8e-4, 1e-4, 1.0) == pytest.approx(0.4, rel=1e-3)  # its own floor
+    for bad in (0.0, -1e-4, float("nan")):
+        with pytest.raises(ValueError, match="min_power"):
+            ResponseLag(0.1, min_power=bad)
+
+
 def test_the_ewma_weighs_a_sample_by_the_time_it_covers():
     f = Ewma(0.05)
     f.update(0.0, DT)

@@ -271,15 +271,24 @@ def test_a_recorded_run_judged_again_gives_its_own_levels_back_and_a_stricter_co
 
 def test_a_trust_variant_is_parsed_over_the_configs_fields_and_a_bad_one_is_named():
     """bench_trust_variants.py's ``--variant name=value[,name=value]``."""
+    import dataclasses
+
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     try:
         from bench_trust_variants import parse_variant
     finally:
         sys.path.pop(0)
+    from robot_wm.core.trust.signals import MIN_RESPONSE_POWER
+
     base = TrustConfig()
-    assert parse_variant("base", base) is base
-    v = parse_variant("lag_tau_s=0.05, min_duration_s=0.02,tau_s=0.04/0.05/0.5/0.01/0.01", base)
+    assert parse_variant("base", base) == (base, MIN_RESPONSE_POWER) and parse_variant("base", base)[0] is base
+    v, min_power = parse_variant("lag_tau_s=0.05, min_duration_s=0.02,tau_s=0.04/0.05/0.5/0.01/0.01", base)
     assert (v.lag_tau_s, v.min_duration_s, v.tau_s[0], v.clean_hold_s) == (0.05, 0.02, 0.04, base.clean_hold_s)
+    assert min_power == MIN_RESPONSE_POWER
+    assert parse_variant("lag_min_power=1e-4,min_duration_s=0.02", base) == (
+        dataclasses.replace(base, min_duration_s=0.02), 1e-4)  # the response lag's floor, not a TrustConfig field
+    with pytest.raises(ValueError, match="lag_min_power='-1'"):
+        parse_variant("lag_min_power=-1", base)
     with pytest.raises(ValueError, match="'lag_tau=0.1' is not name=value"):
         parse_variant("lag_tau=0.1", base)
     with pytest.raises(ValueError, match="min_duration_s='fast'"):

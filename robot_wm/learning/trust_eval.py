@@ -29,7 +29,7 @@ import numpy as np
 from robot_wm.core.safety.limits import TrustLevel
 from robot_wm.core.trust import Calibration, EffortModel, TrustConfig, TrustMonitor, calibrate
 from robot_wm.core.trust.effort import FEATURES, EffortSignal
-from robot_wm.core.trust.signals import BASE_SIGNALS, SIGNALS, Ewma, ResponseLag, Signal
+from robot_wm.core.trust.signals import BASE_SIGNALS, MIN_RESPONSE_POWER, SIGNALS, Ewma, ResponseLag, Signal
 from robot_wm.core.trust.tracker import TrustTracker
 
 #: The injector's fault classes with the sizes the benchmark uses (FaultInjector.apply arguments).
@@ -283,12 +283,13 @@ def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config:
                      min_duration_s=config.min_duration_s)
 
 
-def with_lag_tau(run: Run, tau_s: float) -> Run:
-    """A copy of ``run`` whose ``response_lag`` is what ``ResponseLag(tau_s)`` makes of the recorded
-    per-period sums: the same run, seen through another lag window (``calibrate_run``, ``rejudge``)."""
+def with_lag_tau(run: Run, tau_s: float, min_power: float = MIN_RESPONSE_POWER) -> Run:
+    """A copy of ``run`` whose ``response_lag`` is what ``ResponseLag(tau_s, min_power)`` makes of the
+    recorded per-period sums: the same run, seen through another lag window or floor (``calibrate_run``,
+    ``rejudge``)."""
     if run.lag_sums is None:
         raise ValueError(f"run on {run.profile}: no response-lag sums recorded (a run made before them)")
-    lag, values = ResponseLag(tau_s), np.full(len(run.t_s), np.nan)
+    lag, values = ResponseLag(tau_s, min_power), np.full(len(run.t_s), np.nan)
     for i, (cross, power, dt) in enumerate(run.lag_sums):
         if math.isfinite(cross):
             values[i] = lag.update(cross, power, dt)
@@ -297,18 +298,19 @@ def with_lag_tau(run: Run, tau_s: float) -> Run:
     return out
 
 
-def rejudge(run: Run, calibration: Calibration, config: TrustConfig) -> Run:
+def rejudge(run: Run, calibration: Calibration, config: TrustConfig, *,
+            lag_min_power: float = MIN_RESPONSE_POWER) -> Run:
     """``run``'s recorded signals judged again by a fresh ``TrustMonitor`` (another config, another
     calibration): a copy with its own ``level`` and ``events``. The effort signal is recomputed with
-    the calibration's effort model, the response lag with ``config.lag_tau_s``, and interventions
-    count only at FULL, as ``TrustTracker`` does (a run recorded before the lag's sums: its recorded
-    lag). The motion is the recorded one, so up to the first level the recording run did not have,
+    the calibration's effort model, the response lag with ``config.lag_tau_s`` and ``lag_min_power``,
+    and interventions count only at FULL, as ``TrustTracker`` does (a run recorded before the lag's
+    sums: its recorded lag). The motion is the recorded one, so up to the first level the recording run did not have,
     this is what the monitor would have said (to rounding); judged with the recording's own config
     and calibration, it gives the recording's levels back."""
     monitor = TrustMonitor(config, calibration)
     model = calibration.effort_model
     effort = EffortSignal(EffortModel.from_dict(model, run.features.shape[1])) if model is not None else None
-    lag = (with_lag_tau(run, config.lag_tau_s) if run.lag_sums is not None else run).raw.get(Signal.LAG.value)
+    lag = (with_lag_tau(run, config.lag_tau_s, lag_min_power) if run.lag_sums is not None else run).raw.get(Signal.LAG.value)
     cols = [run.raw[s.value] for s in (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION)]
     level, events, last = np.zeros(len(run.t_s), int), [], None
     for i, t in enumerate(run.t_s):

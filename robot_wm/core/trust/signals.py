@@ -52,8 +52,11 @@ SIGNALS = tuple(Signal)
 #: the response lag a calibration that made a threshold for it (older ones do not judge it)
 BASE_SIGNALS = (Signal.PREDICTION_ERROR, Signal.DISAGREEMENT, Signal.INTERVENTION)
 #: the predicted velocity change, (rad/s)² summed over the joints, below which the response lag is
-#: not judged (0.01 rad/s in a period): added to the denominator, so a resting arm reads ~0
-MIN_RESPONSE_POWER = 1e-4
+#: hardly judged (0.017 rad/s in a period): added to the denominator, so a resting arm reads ~0, and
+#: a steady change of this size reads half its slope. 1e-4 before (0.01 rad/s): small
+#: predicted changes, whose slopes are mostly noise, then set the signal's normal tail, and its
+#: threshold (library mode, nominal: 0.547 against 0.350, `docs/trust.md`)
+MIN_RESPONSE_POWER = 3e-4
 
 
 def prediction_error(predicted: np.ndarray, epistemic_std: np.ndarray, aleatoric_std: np.ndarray,
@@ -115,7 +118,7 @@ class EwmaWeight:
 
 
 class ResponseLag:
-    """``response_lag``: ``−EWMA(Σ e·Δv̂) / (EWMA(Σ Δv̂²) + MIN_RESPONSE_POWER)`` (see the module
+    """``response_lag``: ``−EWMA(Σ e·Δv̂) / (EWMA(Σ Δv̂²) + min_power)`` (see the module
     docstring), the two sums of ``period_signals``, each EWMA over ``tau_s`` and weighed by the
     time a period covers: a least-squares slope of the velocity error on the predicted velocity
     change over the last ``tau_s``, negated (positive: the arm answers less, or later, than the
@@ -128,10 +131,12 @@ class ResponseLag:
     delay, which jitters, gave the signal a tail no threshold could bound (live, nominal arm: a
     threshold of 2.25 from a heavy-tailed fit)."""
 
-    def __init__(self, tau_s: float) -> None:
+    def __init__(self, tau_s: float, min_power: float = MIN_RESPONSE_POWER) -> None:
         if not (math.isfinite(tau_s) and tau_s > 0):
             raise ValueError(f"response lag tau_s={tau_s!r}: expected a positive time constant (s)")
-        self.tau_s = float(tau_s)
+        if not (math.isfinite(min_power) and min_power > 0):
+            raise ValueError(f"response lag min_power={min_power!r}: expected a positive (rad/s)²")
+        self.tau_s, self.min_power = float(tau_s), float(min_power)
         self._cross = self._power = 0.0
         self._weight = EwmaWeight(self.tau_s)
 
@@ -141,7 +146,7 @@ class ResponseLag:
         cross = -power if cross < -power else (power if cross > power else cross)
         self._cross += alpha * (cross - self._cross)
         self._power += alpha * (power - self._power)
-        return -self._cross / (self._power + MIN_RESPONSE_POWER)
+        return -self._cross / (self._power + self.min_power)
 
 
 class Ewma:
