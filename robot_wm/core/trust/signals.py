@@ -18,8 +18,9 @@ into dimensionless signals, each about 1 or below in normal operation:
   the q̇ it was predicted from), each sum an EWMA over ``lag_tau_s`` (``ResponseLag``): 0 when
   the arm answers as the model expects, towards 1 when it answers a period late or not at all.
   A command latency hides in the RMS error, which the transients of normal operation dominate,
-  but shows here as soon as the commands change (library mode, nominal arm, +30 ms: 0.28 at most
-  in two minutes of normal operation, a median of 0.57 after the onset).
+  but shows here as soon as the commands change (library mode, nominal arm, +30 ms, with the
+  floor at 1e-4: 0.28 at most in two minutes of normal operation, a median of 0.57 after the
+  onset; ``MIN_RESPONSE_POWER`` below for the floor).
 
 ``Ewma`` smooths each of them (an exponentially weighted mean with a time constant in seconds):
 chosen over CUSUM because it needs no assumed size of the shift, answers within a few time
