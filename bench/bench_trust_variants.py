@@ -45,7 +45,7 @@ DEFAULT_VARIANTS = ("base", "lag_tau_s=0.05", "lag_tau_s=0.2", "min_duration_s=0
 def parse_variant(text: str, base):
     """``name=value[,name=value]`` -> (TrustConfig, the response lag's ``min_power``) (``base`` for
     "base"); a bad one names what was wrong."""
-    from robot_wm.core.trust.signals import MIN_RESPONSE_POWER
+    from robot_wm.core.trust.signals import MIN_RESPONSE_POWER, ResponseLag
 
     if text.strip() == "base":
         return base, MIN_RESPONSE_POWER
@@ -57,11 +57,9 @@ def parse_variant(text: str, base):
         name = name.strip()
         if sep and name == "lag_min_power":  # the response lag's floor (signals.MIN_RESPONSE_POWER), not in trust.yaml
             try:
-                min_power = float(value)
+                min_power = ResponseLag(base.lag_tau_s, float(value)).min_power  # its own check of the floor
             except ValueError as exc:
                 raise ValueError(f"variant {text!r}: lag_min_power={value!r}: {exc}") from exc
-            if not (math.isfinite(min_power) and min_power > 0):
-                raise ValueError(f"variant {text!r}: lag_min_power={value!r}: expected a positive (rad/s)²")
             continue
         if not sep or name not in fields:
             raise ValueError(f"variant {text!r}: {part!r} is not name=value over {sorted(fields)} or lag_min_power")
