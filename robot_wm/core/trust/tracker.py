@@ -17,10 +17,24 @@ A prediction is used for the measurement whose stamp is within half a period of 
 without one the period has no prediction signals (the monitor's ``stale_s`` turns a lasting gap
 into STOP). The response lag also needs the q̇ the prediction started from: the previous
 measurement's, when its stamp is the prediction's ``made_at`` within half a period (else the
-period adds nothing to it). numpy + the kinematics (pinocchio); no rclpy.
+period adds nothing to it).
+
+The hardware's command timeout: the world model predicts the arm's response to the command sent,
+but a driver that has had no command for ``command_timeout_s`` brings the arm to rest by itself
+(the embedded arm's simulator, a ros2_control driver, the command watchdog). Given that timeout and
+the arrival of each command (``command(t_s)``), a period in which the hardware may have been on its
+own (no command for longer than the timeout, up to two periods after the stream resumed) has no
+prediction signals: a stall of the command stream is the filter's and the driver's to handle (they
+stop the arm on it), not evidence against the model. ``unjudged`` counts such periods. Without a
+timeout, or before the first command, every period is judged (library mode reports no commands).
+Likewise a prediction received after the period it is for had ended (``received_s`` later than
+``made_at + dt``: the world model's process stalled, and answered from a state older than the
+command it used) is not judged: that command did not govern the period. ``late`` counts them.
+numpy + the kinematics (pinocchio); no rclpy.
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -42,11 +56,23 @@ class TrustTracker:
         kinematics: the arm's ``Kinematics`` (gravity torques for the effort signal).
         dt_s: the control period the predictions are made for.
         effort_model: the effort model; default: the calibration's (None: no effort signal).
+        command_timeout_s: the hardware's command timeout (s; None: every period is judged).
     """
 
-    def __init__(self, monitor: TrustMonitor, kinematics, dt_s: float, effort_model: EffortModel | None = None) -> None:
+    SETTLE_PERIODS = 2  # periods after a command stream resumes that are still not judged
+
+    def __init__(self, monitor: TrustMonitor, kinematics, dt_s: float, effort_model: EffortModel | None = None,
+                 command_timeout_s: float | None = None) -> None:
         if not (math.isfinite(dt_s) and dt_s > 0):
             raise ValueError(f"dt_s={dt_s!r}: expected a positive control period (s)")
+        if command_timeout_s is not None and not (math.isfinite(command_timeout_s) and command_timeout_s > 0):
+            raise ValueError(f"command_timeout_s={command_timeout_s!r}: expected the hardware's command timeout "
+                             "(s, > 0), or None to judge every period")
+        self.command_timeout_s = None if command_timeout_s is None else float(command_timeout_s)
+        self._commands: list[float] = []  # arrival stamps of the latest commands, in order
+        self.unjudged = 0  # periods with a prediction not judged: the hardware's command timeout may have run
+        self.late = 0  # predictions received after the period they are for had ended (not judged)
+        self.last_lateness_s = 0.0  # how long after its period the latest late one came (s)
         self.monitor = monitor
         self.last_velocity_error: float | None = None  # of the latest measurement (None: no prediction for it)
         self.kin = kinematics
@@ -70,8 +96,13 @@ class TrustTracker:
         return None if self._last_state is None else features(*self._last_state)
 
     def prediction(self, made_at_s: float, next_state: np.ndarray, epistemic_std: np.ndarray,
-                   aleatoric_std: np.ndarray) -> None:
-        """A prediction made from the state stamped ``made_at_s``, for one period later."""
+                   aleatoric_std: np.ndarray, received_s: float | None = None) -> None:
+        """A prediction made from the state stamped ``made_at_s``, for one period later; ``received_s``:
+        when it arrived (the stamps' clock; None: in time)."""
+        if received_s is not None and received_s > made_at_s + self.dt_s:
+            self.late += 1
+            self.last_lateness_s = received_s - made_at_s - self.dt_s
+            return
         mean, epi, ale = (np.asarray(a, dtype=float) for a in (next_state, epistemic_std, aleatoric_std))
         # one finiteness check for the three: a sum of squares (one C call each; a NaN or an infinity makes
         # it not finite, and so does a value too large to square, as in measurement)
@@ -80,6 +111,37 @@ class TrustTracker:
             return  # a malformed prediction is no prediction (the node reports it)
         self._pending.append((float(made_at_s) + self.dt_s, mean.tolist(), epi.tolist(), ale.tolist()))
         del self._pending[:-8]
+
+    def command(self, t_s: float) -> None:
+        """A command was sent to the hardware at ``t_s`` (the clock of the measurements' stamps)."""
+        t = float(t_s)
+        if not math.isfinite(t):
+            return
+        if self._commands and t < self._commands[-1]:
+            bisect.insort(self._commands, t)
+        else:
+            self._commands.append(t)
+        if len(self._commands) > 256:
+            del self._commands[:-128]
+
+    def hardware_on_its_own(self, t_s: float) -> bool:
+        """Whether the hardware may have been on its command timeout at ``t_s`` (or had left it less
+        than ``SETTLE_PERIODS`` before): no command for longer than ``command_timeout_s``."""
+        arrivals, timeout = self._commands, self.command_timeout_s
+        if timeout is None or not arrivals:
+            return False
+        i = bisect.bisect_right(arrivals, t_s)
+        if i == 0:
+            return False  # nothing known before t_s (start-up, or older than what is kept)
+        if t_s - arrivals[i - 1] > timeout:
+            return True
+        settle = self.SETTLE_PERIODS * self.dt_s
+        j = i - 1
+        while j > 0 and arrivals[j] >= t_s - settle:
+            if arrivals[j] - arrivals[j - 1] > timeout:  # this command ended a silence
+                return True
+            j -= 1
+        return False
 
     def next_target_s(self) -> float | None:
         """The stamp the oldest pending prediction is for (None: none pending)."""
@@ -111,6 +173,9 @@ class TrustTracker:
         pe = dis = eff = lag = None
         self.last_velocity_error: float | None = None  # RMS of predicted - measured qdot, rad/s (this period)
         self.last_lag_sums = None  # (Σ e·Δv̂, Σ Δv̂², dt) this period's response lag was updated with
+        if pred is not None and finite and self.hardware_on_its_own(t_s):
+            self.unjudged += 1
+            pred = None
         if pred is not None and finite:
             target, mean, epi, ale = pred
             if len(mean) == len(q) + len(qd) and q.ndim == qd.ndim == 1:
