@@ -167,11 +167,6 @@ def test_the_tracker_pairs_a_prediction_with_the_state_one_period_later():
     tracker.prediction(4.00, mean[:6], std, std)
     tracker.prediction(5.00, np.full(12, np.nan), std, std)
     assert tracker.next_target_s() is None
-    # one received after the period it is for had ended (its process stalled) is not judged; one in time is
-    tracker.prediction(6.00, mean, std, std, received_s=6.011)
-    assert tracker.late == 1 and tracker.last_lateness_s == pytest.approx(0.001) and tracker.next_target_s() is None
-    tracker.prediction(7.00, mean, std, std, received_s=7.004)
-    assert tracker.late == 1 and tracker.next_target_s() == pytest.approx(7.01)
 
 
 def test_interventions_count_only_at_full():

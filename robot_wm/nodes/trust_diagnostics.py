@@ -11,7 +11,6 @@ def diagnostic_values(monitor, level: int, score: float, ratios: dict | None) ->
               "intervention": str(monitor._intervention).lower(),
               "callback_errors": str(monitor.callback_errors),
               "periods_unjudged_command_gap": str(monitor.tracker.unjudged if monitor.tracker is not None else 0),
-              "predictions_late": str(monitor.tracker.late if monitor.tracker is not None else 0),
               "model_version": monitor._model_version or "none"}
     for k, v in (ratios or {}).items():
         values[f"ratio_{k}"] = f"{v:.3f}"

@@ -37,7 +37,6 @@ from rclpy.context import Context
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
 from robot_wm.core.safety.limits import Phase, TrustLevel
@@ -96,12 +95,10 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
                                         "trust/<profile>.json of the task's active model set, "
                                         "robot_wm.registry.resolve; with none, models/trust/[<task>/]<profile>.json "
                                         "of the package, where calibrate_s also writes)", read_only=True)
-        self.command_topic = declare(self, "command_topic", "/forward_velocity_controller/commands",
-                                     "the command sent to the hardware (std_msgs/Float64MultiArray)", read_only=True)
         self.hardware_command_timeout_s = declare(
             self, "hardware_command_timeout_s", 0.05, "the hardware's command timeout (s; arm_sim.yaml "
-            "command_timeout_s, command_watchdog.yaml timeout_s): a period without a command on command_topic "
-            "for longer is not judged, the driver stops the arm by itself then (0: judge every period)",
+            "command_timeout_s, command_watchdog.yaml timeout_s): a period with no command sent for longer (the "
+            "filter's SafetyStatus goes with each) is not judged, the driver stops the arm by itself (0: judge all)",
             range_=(0.0, 10.0), read_only=True)
         self.profile = declare(self, "profile", "nominal", "the arm profile whose calibration is the default",
                                read_only=True)
@@ -146,7 +143,7 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         self._status: tuple[float, int] | None = None
         self._model_version: str | None = None
         self._out = None
-        self._unjudged_seen = (0, 0)
+        self._unjudged_seen = 0
         self._last_published: tuple | None = None
         self._last_level = None
         self._reported: set[str] = set()
@@ -155,7 +152,6 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         self.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._guard(self._on_prediction), 10)
         self.create_subscription(WorldModelPrediction, "/robot_wm/prediction_shadow", self._guard(self._on_shadow), 10)
         self.create_subscription(SafetyStatus, "/robot_wm/safety_status", self._guard(self._on_status), 10)
-        self.create_subscription(Float64MultiArray, self.command_topic, self._guard(self._on_command), 10)
         self.create_subscription(JointState, self.joint_states_topic, self._guard(self._on_joint_state_full),
                                  QoSProfile(depth=20, reliability=ReliabilityPolicy.RELIABLE))
         self.create_service(Trigger, "~/acknowledge", self._on_acknowledge)
@@ -319,7 +315,7 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         started, cpu = time.perf_counter(), time.thread_time()
         mean = np.concatenate(arrays[:2])
         self.tracker.prediction(stamp_to_s(msg.header.stamp), mean, np.concatenate(arrays[2:4]),
-                                np.concatenate(arrays[4:6]), received_s=self.get_clock().now().nanoseconds * 1e-9)
+                                np.concatenate(arrays[4:6]))
         # counted with the next period's measurement: a prediction a period is the monitor's work too
         self._prediction_us = (self._prediction_us[0] + (time.thread_time() - cpu) * 1e6,
                                self._prediction_us[1] + (time.perf_counter() - started) * 1e6)
@@ -381,14 +377,12 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
             f"world model {refreshed.model_version}: trust calibration refreshed on {refreshed.periods} live periods: "
             + ", ".join(f"{k} {before[k]:.3g} -> {v:.3g}" for k, v in refreshed.thresholds.items() if v != before[k]))
 
-    def _on_command(self, msg: Float64MultiArray) -> None:
-        """A command on its way to the hardware: its arrival (ROS time, the joint states' clock) tells the
-        tracker when the driver's command timeout may have run."""
-        if self.tracker is not None:
-            self.tracker.command(self.get_clock().now().nanoseconds * 1e-9)
-
     def _on_status(self, msg: SafetyStatus) -> None:
         self._status = (time.monotonic(), int(msg.state))
+        if self.tracker is not None and (msg.header.stamp.sec or msg.header.stamp.nanosec):
+            # the filter publishes it with each command, stamped when both are sent: when the driver's
+            # command timeout may have run (the tracker's rule), on the joint states' clock
+            self.tracker.command(stamp_to_s(msg.header.stamp))
 
     def _on_acknowledge(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         try:
@@ -472,13 +466,12 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
                 Phase(self.phases.phase), mon.level)
         started, cpu = time.perf_counter(), time.thread_time()
         self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
-        if (self.tracker.unjudged, self.tracker.late) != self._unjudged_seen:  # (a stalled process somewhere)
-            self._unjudged_seen = (self.tracker.unjudged, self.tracker.late)
+        if self.tracker.unjudged > self._unjudged_seen:  # (the filter's process stalled, or the stream broke)
+            self._unjudged_seen = self.tracker.unjudged
             self.get_logger().warning(
-                f"periods not judged: {self.tracker.unjudged} without a command on {self.command_topic} for over "
-                f"{self.hardware_command_timeout_s * 1e3:.0f} ms (the driver's command timeout stops the arm then), "
-                f"{self.tracker.late} with a prediction that came after its period (the latest "
-                f"{self.tracker.last_lateness_s * 1e3:.0f} ms after; if all are, the clocks differ)", throttle_duration_sec=1.0)
+                f"periods not judged: {self.tracker.unjudged} so far with no command sent (SafetyStatus) for over "
+                f"{self.hardware_command_timeout_s * 1e3:.0f} ms (the driver's command timeout stops the arm then, "
+                "not the world model)", throttle_duration_sec=1.0)
         if self._rollback is not None:  # a swapped-in world model that does worse on the arm is rolled back
             self._rollback.update(sample[0], self._model_version, self.tracker.last_velocity_error, sample[2])
         # the monitor's own work per period: CPU time of this thread (what the period costs the machine),

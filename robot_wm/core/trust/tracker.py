@@ -27,9 +27,6 @@ own (no command for longer than the timeout, up to two periods after the stream 
 prediction signals: a stall of the command stream is the filter's and the driver's to handle (they
 stop the arm on it), not evidence against the model. ``unjudged`` counts such periods. Without a
 timeout, or before the first command, every period is judged (library mode reports no commands).
-Likewise a prediction received after the period it is for had ended (``received_s`` later than
-``made_at + dt``: the world model's process stalled, and answered from a state older than the
-command it used) is not judged: that command did not govern the period. ``late`` counts them.
 numpy + the kinematics (pinocchio); no rclpy.
 """
 from __future__ import annotations
@@ -71,8 +68,6 @@ class TrustTracker:
         self.command_timeout_s = None if command_timeout_s is None else float(command_timeout_s)
         self._commands: list[float] = []  # arrival stamps of the latest commands, in order
         self.unjudged = 0  # periods with a prediction not judged: the hardware's command timeout may have run
-        self.late = 0  # predictions received after the period they are for had ended (not judged)
-        self.last_lateness_s = 0.0  # how long after its period the latest late one came (s)
         self.monitor = monitor
         self.last_velocity_error: float | None = None  # of the latest measurement (None: no prediction for it)
         self.kin = kinematics
@@ -96,13 +91,8 @@ class TrustTracker:
         return None if self._last_state is None else features(*self._last_state)
 
     def prediction(self, made_at_s: float, next_state: np.ndarray, epistemic_std: np.ndarray,
-                   aleatoric_std: np.ndarray, received_s: float | None = None) -> None:
-        """A prediction made from the state stamped ``made_at_s``, for one period later; ``received_s``:
-        when it arrived (the stamps' clock; None: in time)."""
-        if received_s is not None and received_s > made_at_s + self.dt_s:
-            self.late += 1
-            self.last_lateness_s = received_s - made_at_s - self.dt_s
-            return
+                   aleatoric_std: np.ndarray) -> None:
+        """A prediction made from the state stamped ``made_at_s``, for one period later."""
         mean, epi, ale = (np.asarray(a, dtype=float) for a in (next_state, epistemic_std, aleatoric_std))
         # one finiteness check for the three: a sum of squares (one C call each; a NaN or an infinity makes
         # it not finite, and so does a value too large to square, as in measurement)
