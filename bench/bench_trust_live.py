@@ -11,12 +11,15 @@ nothing injected, with the shipped calibration, and counts from its own TrustSta
 * anomalies (the level the monitor gives two persistent signals: STOP) and HUMAN, which must not
   happen in normal operation;
 * the share of the run at each level, and the monitor's compute per period as its /diagnostics
-  report it (CPU time of its thread, p50/p99 µs over its last 2000 periods).
+  report it (CPU time of its thread, p50/p99 µs over its last 2000 periods);
+* the periods it did not judge because no command was sent (the filter's process
+  stalled: docs/trust.md, Levels), as its /diagnostics report them.
 
 Numbers, not pass/fail; the last line is one JSON object. Run it on an idle machine: a busy one
-measures the machine.
+measures the machine, which is what ``--busy-cores N`` asks for on purpose (N busy-looping
+processes beside the graph, as on a loaded CI machine; ended by their PIDs).
 
-    python bench/bench_trust_live.py [--task track] [--profile nominal] [--minutes 60]
+    python bench/bench_trust_live.py [--task track] [--profile nominal] [--minutes 60] [--busy-cores 1]
 """
 from __future__ import annotations
 
@@ -37,7 +40,10 @@ def main() -> int:
     parser.add_argument("--task", default="track", choices=("reach", "track"))
     parser.add_argument("--profile", default="nominal")
     parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--busy-cores", type=int, default=0, help="busy-looping processes beside the graph")
     args = parser.parse_args()
+    if not 0 <= args.busy_cores <= 16:
+        parser.error(f"--busy-cores {args.busy_cores}: expected 0..16")
 
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
@@ -76,7 +82,11 @@ def main() -> int:
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     spinner = SpinThread(executor)
-    print(f"[{args.task}/{args.profile}] {len(specs)} processes, {args.minutes:g} min of normal operation", flush=True)
+    print(f"[{args.task}/{args.profile}] {len(specs)} processes, {args.minutes:g} min of normal operation"
+          f"{f', {args.busy_cores} busy cores' if args.busy_cores else ''}", flush=True)
+    import subprocess
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy_cores)]
     try:
         with ProcessGroup(specs, loopback_env(domain_id=domain)) as group:
             deadline = time.monotonic() + 120.0
@@ -101,6 +111,9 @@ def main() -> int:
                 time.sleep(0.5)
             compute = dict(diag)
     finally:
+        for proc in busy:  # ours, by PID
+            proc.kill()
+            proc.wait()
         spinner.stop()
         executor.remove_node(node)
         node.destroy_node()
@@ -121,12 +134,16 @@ def main() -> int:
         "level_share": {names[lv]: n / len(run) for lv, n in sorted(levels.items())},
         "monitor_cpu_us_p50": float(compute["compute_cpu_us_p50"]) if "compute_cpu_us_p50" in compute else None,
         "monitor_cpu_us_p99": float(compute["compute_cpu_us_p99"]) if "compute_cpu_us_p99" in compute else None,
+        "busy_cores": args.busy_cores,
+        **{key: int(compute[key]) if key in compute else None
+           for key in ("periods_unjudged_command_gap",)},
         "drops": [{"t_s": t, "reason": r} for t, r in drops[:50]],
     }
     print(f"[{args.task}/{args.profile}] {hours * 60:.1f} min live: {len(drops)} level drops "
           f"({result['level_drops_per_hour']:.2f}/h), STOP/HUMAN periods {result['stop_or_human_periods']}, "
           f"FULL {100 * result['level_share'].get('FULL', 0.0):.1f} %; monitor CPU p50 {result['monitor_cpu_us_p50']} us, "
-          f"p99 {result['monitor_cpu_us_p99']} us")
+          f"p99 {result['monitor_cpu_us_p99']} us; {result['periods_unjudged_command_gap']} periods not judged "
+          "(no command)")
     print(json.dumps(result))
     return 0
 
