@@ -218,6 +218,12 @@ def test_a_silent_command_stream_is_the_drivers_to_stop_not_an_anomaly_and_a_rea
     after = _drive(judged, 1.2, 1.5, moving, lambda t: 0.0, DT)
     assert judged.raw["prediction_error"] is not None and max(after) >= TrustLevel.SLOW, after
     assert judged.unjudged <= 20 + TrustTracker.SETTLE_PERIODS + 1
+    # a stream that stays silent is not judged either, and so the monitor cannot vouch for the model:
+    # SLOW after stale_s, STOP after stop_stale_s, as for missing predictions (fail-safe, not blind)
+    config = TrustConfig()
+    silent = _drive(judged, 1.5, 1.5 + config.stop_stale_s + 0.1, moving, lambda t: 0.0, DT, silent=[(1.5, 9.0)])
+    stale_k = int(config.stale_s / DT) + 1
+    assert max(silent[stale_k:]) >= TrustLevel.SLOW and silent[-1] == TrustLevel.STOP, silent
 
 
 @settings(max_examples=200, deadline=None)

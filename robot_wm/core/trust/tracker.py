@@ -22,7 +22,8 @@ period adds nothing to it).
 The hardware's command timeout: the world model predicts the arm's response to the command sent,
 but a driver that has had no command for ``command_timeout_s`` brings the arm to rest by itself
 (the embedded arm's simulator, a ros2_control driver, the command watchdog). Given that timeout and
-the arrival of each command (``command(t_s)``), a period in which the hardware may have been on its
+when each command was sent (``command(t_s)``; the node reads it from the filter's SafetyStatus
+stamps, published with each command), a period in which the hardware may have been on its
 own (no command for longer than the timeout, up to two periods after the stream resumed) has no
 prediction signals: a stall of the command stream is the filter's and the driver's to handle (they
 stop the arm on it), not evidence against the model. ``unjudged`` counts such periods. Without a
@@ -66,7 +67,7 @@ class TrustTracker:
             raise ValueError(f"command_timeout_s={command_timeout_s!r}: expected the hardware's command timeout "
                              "(s, > 0), or None to judge every period")
         self.command_timeout_s = None if command_timeout_s is None else float(command_timeout_s)
-        self._commands: list[float] = []  # arrival stamps of the latest commands, in order
+        self._commands: list[float] = []  # send stamps of the latest commands, in order
         self.unjudged = 0  # periods with a prediction not judged: the hardware's command timeout may have run
         self.monitor = monitor
         self.last_velocity_error: float | None = None  # of the latest measurement (None: no prediction for it)
