@@ -129,3 +129,32 @@ def test_sensor_freeze_fault_freezes_joint_states(arm):
     frozen = client.stamped_between(t0 + 0.05, min(t0 + 0.6, t_call + 2.0))
     assert len(frozen) > 10, len(frozen)
     assert np.ptp([s[1][0] for s in frozen]) < 1e-9, "measured position changed during a sensor freeze"
+
+
+def test_a_stall_of_the_arms_own_process_does_not_run_its_watchdog(ros_context):
+    """The emulator's physics is locked to the wall clock: a tick that comes 80 ms late (its process was
+    descheduled) catches up. The commands sent meanwhile wait in its queue, so catching up all 80 ms with
+    the last one would run the simulator's watchdog (50 ms of sim time without a command) and bring the arm
+    to rest for a stall no real arm has. It runs at most 0.6 of the command timeout and skips the rest,
+    said on /diagnostics for a while; the arm keeps its commanded velocity."""
+    from robot_wm.nodes.arm_sim import ArmSimNode
+
+    node = ArmSimNode(context=ros_context)  # not spun: its ticks are called here, the wall clock moved by hand
+    try:
+        command = np.array([0.3, 0.0, 0.0, 0.0, 0.0, -0.4])
+        for _ in range(40):  # 400 ms commanded at 100 Hz: the drives reach the command
+            node.write_velocity(command)
+            node._start_wall_s -= 0.01  # 10 ms of wall clock passes (besides what the test itself takes)
+            node.step(0.01)
+        assert not node.sim.timed_out
+        np.testing.assert_allclose(node.read_state()[1], command, atol=0.03)
+        skipped = node._skipped_steps  # (its start-up may have skipped a few: construction to first tick)
+        for stall_s in (0.08, 0.2, 1.0):
+            node._start_wall_s -= stall_s  # the tick comes this late
+            node.step(stall_s)
+            assert not node.sim.timed_out, f"a {stall_s * 1e3:.0f} ms stall of the emulator's process ran its watchdog"
+            np.testing.assert_allclose(node.read_state()[1], command, atol=0.03)
+            node.write_velocity(command)  # the command that waited in the queue
+        assert node._skipped_steps - skipped >= 1280 - 3 * 30 and "physics steps skipped" in node.warning()
+    finally:
+        node.destroy_node()

@@ -28,7 +28,8 @@ from robot_wm.sim import ArmSim, CommandRejected, load_profile
 from robot_wm.srv import InjectFault
 
 _PHYSICS_DT_S = 0.001
-_MAX_CATCHUP_STEPS = 100  # beyond this the sim skips ahead instead of running a burst
+_SKIP_WARN_S = 5.0  # /diagnostics says WARN this long after the physics last skipped steps
+_CATCHUP_SHARE = 0.6  # of the command timeout: the longest burst of physics a late tick runs (the rest is skipped)
 
 
 class ArmSimNode(ArmDriver):
@@ -63,7 +64,12 @@ class ArmSimNode(ArmDriver):
         self._wrench_pub = self.create_publisher(WrenchStamped, wrench_topic, sensor_qos)
         self._clock_pub = self.create_publisher(Clock, "/clock", 10) if self.publish_clock else None
         self.create_service(InjectFault, "~/inject_fault", self._on_inject_fault)
+        # a tick late by more than this runs this much physics and skips the rest: the commands sent while this
+        # process was stalled wait in its queue, so a longer burst with the last one would run the simulator's
+        # watchdog (sim time) and stop the arm for a stall of the emulator's own, which a real arm never has
+        self._max_catchup_steps = max(1, int(_CATCHUP_SHARE * self.command_timeout_s / _PHYSICS_DT_S))
         self._skipped_steps = 0
+        self._last_skip_s = -1e9
         self._start_wall_s = time.monotonic()
         self._steps_done = 0
         self.get_logger().info(
@@ -93,10 +99,11 @@ class ArmSimNode(ArmDriver):
         """Physics at 1 ms, locked to the wall clock (not to ``dt_s``: ticks jitter, the clock does not)."""
         target = int((time.monotonic() - self._start_wall_s) / _PHYSICS_DT_S)
         n_steps = target - self._steps_done
-        if n_steps > _MAX_CATCHUP_STEPS:
-            # fell far behind (e.g. the process was paused): skip rather than burst
-            self._skipped_steps += n_steps - _MAX_CATCHUP_STEPS
-            n_steps = _MAX_CATCHUP_STEPS
+        if n_steps > self._max_catchup_steps:
+            # fell behind (the process was descheduled or paused): skip rather than burst past the watchdog
+            self._skipped_steps += n_steps - self._max_catchup_steps
+            self._last_skip_s = time.monotonic()
+            n_steps = self._max_catchup_steps
         if n_steps > 0:
             self.sim.step(n_steps)
         self._steps_done = target
@@ -125,7 +132,10 @@ class ArmSimNode(ArmDriver):
         return "simulator reset to the initial configuration"
 
     def warning(self) -> str | None:
-        return f"{self._skipped_steps} physics steps skipped (the process fell behind)" if self._skipped_steps else None
+        """While the physics skipped steps in the last ``_SKIP_WARN_S``: the simulator runs behind the wall clock."""
+        if time.monotonic() - self._last_skip_s > _SKIP_WARN_S:
+            return None
+        return f"physics steps skipped (the process fell behind): {self._skipped_steps} since start-up"
 
     def diagnostic_values(self) -> list[tuple[str, str]]:
         elapsed_s = max(time.monotonic() - self._start_wall_s, 1e-9)
