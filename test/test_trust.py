@@ -220,6 +220,42 @@ def test_single_spikes_never_stop_the_arm():
     assert outs[-1].level == TrustLevel.STOP and m.anomalies == 1
 
 
+def test_a_signal_that_joins_a_lasting_one_must_last_itself_before_it_stops_the_arm():
+    """A changed arm (a payload the effort sees) keeps one signal over for good, at SLOW. A brief
+    excursion of a second signal beside it is one odd sample, not two signals agreeing on one event:
+    no STOP. The same second signal lasting anomaly_window_s is an anomaly."""
+    m, t0 = _trusted(TrustConfig(clean_hold_s=0.5, anomaly_window_s=1.0))
+    outs = _run(m, [(6.0, 0.5, False)] * 300, t0=t0)  # the prediction error over for 3 s: SLOW
+    assert outs[-1].level == TrustLevel.SLOW and m.anomalies == 0
+    outs = _run(m, [(6.0, 3.0, False)] * 30 + [(6.0, 0.5, False)] * 100, t0=t0 + 3.0)  # disagreement for 0.3 s
+    assert "disagreement" in outs[20].reason and " > " in outs[20].reason.split("disagreement")[1][:12]
+    assert all(o.level == TrustLevel.SLOW for o in outs) and m.anomalies == 0
+    outs = _run(m, [(6.0, 3.0, False)] * 150, t0=t0 + 4.3)  # ... and for 1.5 s: STOP once it has lasted 1 s
+    stopped = next(k for k, o in enumerate(outs) if o.level == TrustLevel.STOP)
+    assert 100 <= stopped <= 110 and m.anomalies == 1, stopped
+
+
+@settings(max_examples=60, deadline=None)
+@given(gap_s=st.floats(0.0, 3.0), lasts_s=st.floats(0.05, 2.5), window_s=st.sampled_from([0.5, 1.0]))
+def test_two_signals_stop_the_arm_exactly_when_they_went_over_together_or_both_lasted_the_window(gap_s, lasts_s, window_s):
+    """The prediction error goes over and stays; ``gap_s`` later the disagreement goes over for ``lasts_s``.
+    STOP (an anomaly) when the two went over within the window of each other, or when the second
+    lasted the window; never otherwise (a few periods of the smoothing's rise either side)."""
+    m, t0 = _trusted(TrustConfig(anomaly_window_s=window_s))
+    first = int(round(gap_s / DT))
+    second = int(round(lasts_s / DT))
+    outs = _run(m, [(6.0, 0.5, False)] * first + [(6.0, 3.0, False)] * second + [(6.0, 0.5, False)] * 20, t0=t0)
+    margin = 0.06
+    together = gap_s + margin < window_s and lasts_s > margin
+    lasting = lasts_s > window_s + margin
+    apart = gap_s > window_s + margin and lasts_s < window_s - margin
+    stopped = any(o.level >= TrustLevel.STOP for o in outs)
+    if together or lasting:
+        assert stopped and m.anomalies == 1
+    elif apart:
+        assert not stopped and m.anomalies == 0
+
+
 def test_levels_step_up_one_at_a_time_after_the_clean_hold_and_human_needs_an_operator():
     cfg = TrustConfig(clean_hold_s=0.5, human_after_s=1.0)
     m = TrustMonitor(cfg, CAL)

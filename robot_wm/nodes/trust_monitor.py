@@ -79,7 +79,9 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
                 ("human_after_s", "STOP longer than this -> HUMAN (s)"),
                 ("stale_s", "no prediction this long -> SLOW (s)"),
                 ("stop_stale_s", "no prediction this long -> STOP (s)"),
-                ("clip_ratio", "samples enter their EWMA clipped to this multiple of the threshold"))},
+                ("clip_ratio", "samples enter their EWMA clipped to this multiple of the threshold"),
+                ("anomaly_window_s", "two signals over are an anomaly when they went over within this long of each "
+                 "other, or have both been over this long (s)"))},
         }
         defaults = {"calibration_exceedance": 1e-4, "calibration_seconds": 600.0, "refresh_seconds": 600.0,
                     "refresh_max_factor": 1.5}

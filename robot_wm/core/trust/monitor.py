@@ -9,7 +9,11 @@ Levels (``TrustLevel``) and how they move::
     evidence (persistent = over its threshold for min_duration_s without a break):
       no signal persistent              -> FULL
       one signal persistent             -> CAUTIOUS, or SLOW when it is over by slow_ratio or more
-      two or more signals persistent    -> STOP (an anomaly: two independent signals agree)
+      two or more signals persistent    -> STOP (an anomaly: two independent signals agree), when
+                                           two of them went over within anomaly_window_s of each other
+                                           or have both been over that long; else SLOW (a signal that
+                                           joins a lasting one must last itself: one odd sample beside
+                                           a changed arm, a payload the effort sees, does not stop it)
       no prediction yet, or for stop_stale_s -> STOP ("no prediction")
       no prediction for stale_s         -> SLOW (it cannot judge: slower, until predictions return)
 
@@ -62,6 +66,9 @@ class TrustConfig:
         stale_s: no prediction for this long -> SLOW (a loaded machine delays one now and then).
         stop_stale_s: no prediction for this long -> STOP.
         human_on_anomaly: an anomaly calls a human at once (the MIXED phase: operator standing by).
+        anomaly_window_s: two persistent signals are an anomaly when they went over within this long
+            of each other (one event, seen twice) or once both have been over this long; a signal that
+            joins one over for longer must itself last this long (until then: SLOW).
         clip_ratio: a sample enters its EWMA clipped to this multiple of its threshold, so one wild
             sample moves the smoothed signal by at most (1 − e^(−dt/τ)) · clip_ratio · threshold
             (a spike must not outlast min_duration_s by its own decay), while a persistent shift
@@ -80,6 +87,7 @@ class TrustConfig:
     stop_stale_s: float = 1.0
     human_on_anomaly: bool = False
     clip_ratio: float = 3.0
+    anomaly_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.tau_s) != len(SIGNALS) or not all(math.isfinite(t) and t > 0 for t in self.tau_s):
@@ -89,7 +97,7 @@ class TrustConfig:
             raise ValueError(f"TrustConfig.lag_tau_s={self.lag_tau_s!r}: expected a positive time constant (s)")
         if not (math.isfinite(self.effort_tau_s) and self.effort_tau_s > 0):
             raise ValueError(f"TrustConfig.effort_tau_s={self.effort_tau_s!r}: expected a positive time constant (s)")
-        for name in ("min_duration_s", "clean_hold_s", "human_after_s", "stale_s", "stop_stale_s"):
+        for name in ("min_duration_s", "clean_hold_s", "human_after_s", "stale_s", "stop_stale_s", "anomaly_window_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"TrustConfig.{name}={v!r}: expected a duration >= 0 (s)")
@@ -237,7 +245,11 @@ class TrustMonitor:
         min_s = self.config.min_duration_s
         persistent = [i for i, since in enumerate(self._over_since) if since is not None and t_s - since >= min_s]
         if len(persistent) >= 2:
-            return TrustLevel.STOP, True
+            onsets = sorted(self._over_since[i] for i in persistent)
+            window = self.config.anomaly_window_s
+            if t_s - onsets[1] >= window or any(b - a <= window for a, b in zip(onsets, onsets[1:])):
+                return TrustLevel.STOP, True
+            return TrustLevel.SLOW, False  # a young signal beside a lasting one: it must last too
         if len(persistent) == 1:
             i = persistent[0]
             slow = self._value[i] / self._th[i] >= self.config.slow_ratio

@@ -35,7 +35,7 @@ def config_from_params(params: dict) -> tuple[TrustConfig, CalibrationSettings]:
     d = TrustConfig()
     kw = {}
     for name in ("min_duration_s", "slow_ratio", "clean_hold_s", "human_after_s", "stale_s", "stop_stale_s", "clip_ratio", "effort_tau_s", "effort_clip_z",
-                 "lag_tau_s"):
+                 "lag_tau_s", "anomaly_window_s"):
         kw[name] = _number(params, name, getattr(d, name))
     tau = params.get("tau_s", list(d.tau_s))
     if not isinstance(tau, (list, tuple)) or not all(_is_number(x) for x in tau):
