@@ -396,7 +396,18 @@ def trust_report(calibrations, levels, t0: float, t_jump: float, t_end: float) -
     for d in per_kind.values():
         d["drops_per_minute"] = d["level_drops"] / d["minutes"] if d["minutes"] else None
         d["minutes"] = round(d["minutes"], 2)
-    return {"calibrations": [{"t_s": round(start - t_jump, 1), "kind": k, "model_version": v.get("calibration_model_version"),
+    # after the jump: the share of time at each level, and the first STOP (the filter latches it: the arm is held
+    # until an operator resets the filter, and the learner sees no motion from then on)
+    names = ("FULL", "CAUTIOUS", "SLOW", "STOP", "HUMAN")
+    share = dict.fromkeys(names, 0.0)
+    before = [level for ts, level in levels if ts <= t_jump]
+    marks = [(t_jump, before[-1] if before else 0)] + [(ts, level) for ts, level in levels if t_jump < ts < t_end]
+    for (ts, level), (nxt, _) in zip(marks, marks[1:] + [(t_end, None)]):
+        share[names[min(int(level), 4)]] += max(nxt - ts, 0.0) / max(t_end - t_jump, 1e-9)
+    stops = [ts - t_jump for ts, level in levels if ts > t_jump and level >= 3]
+    after = {"share": {k: round(v, 3) for k, v in share.items()}, "first_stop_s": round(stops[0], 2) if stops else None}
+    return {"after_jump": after,
+            "calibrations": [{"t_s": round(start - t_jump, 1), "kind": k, "model_version": v.get("calibration_model_version"),
                               "prediction_error": v.get("calibration_prediction_error"),
                               "disagreement": v.get("calibration_disagreement")} for start, _, k, v in spans],
             "by_calibration": per_kind, "level_drops_t_s": [round(ts - t_jump, 1) for ts in drops],
@@ -499,7 +510,9 @@ def main() -> int:
               f"after it {(doc['error_peak_after_jump_radps'] or math.nan) * 1e3:.2f}; at the end "
               f"{(doc['error_5s_median_at_end_radps'] or math.nan) * 1e3:.2f}")
         print(f"  back within {args.recovery_factor:g} x: "
-              + (f"{doc['recovery_s']:.1f} s after the jump" if doc["recovery_s"] is not None else "not within the run"))
+              + (f"{doc['recovery_s']:.1f} s after the jump" if doc["recovery_s"] is not None else
+                 "not within the run" if doc["error_rose_s"] is not None else
+                 f"the 5 s median never rose above {args.recovery_factor:g} x the level before the jump"))
         print(f"  swaps {doc['swaps']}; missed periods within 1 s of a swap "
               f"{doc['missed_periods_within_1s_of_swaps']}, elsewhere {doc['missed_periods_elsewhere']}")
         acc = [a for a in doc["attempts"] if a["accepted"]]
@@ -519,6 +532,10 @@ def main() -> int:
         for k, d in doc["trust"]["by_calibration"].items():
             print(f"  trust level drops under the {k} calibration: {d['level_drops']} in {d['minutes']} min")
         print(f"  trust level drops at (s from the jump): {doc['trust']['level_drops_t_s']}")
+        after = doc["trust"]["after_jump"]
+        print("  trust after the jump: " + ", ".join(f"{k} {v:.0%}" for k, v in after["share"].items() if v)
+              + (f"; STOP at {after['first_stop_s']:+.1f} s: the filter latched it and holds the arm until an operator "
+                 "resets it" if after["first_stop_s"] is not None else ""))
     print(json.dumps(doc, default=str))
     return 0
 
