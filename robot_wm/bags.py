@@ -292,6 +292,9 @@ class Episode:
     sha256: str  # of the bag's files (the lineage of a model trained on it)
     status_t_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # SafetyStatus receive times
     status_state: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ... and its state
+    #: SafetyStatus header stamps, moved onto the bag's clock like the joint states': the filter stamps one
+    #: with each command it sends, so these are the commands' send times (a recorder's stall does not move them)
+    status_stamp_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def duration_s(self) -> float:
@@ -373,7 +376,7 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
     store = typestore()
     topics: dict[str, int] = {}
     st_t, st_log, st_q, st_v, st_e, cmd_t, cmd_v, ref, goals = [], [], [], [], [], [], [], [], []
-    status_t, status_state = [], []
+    status_t, status_state, status_stamp = [], [], []
     try:
         with Reader(path) as reader:
             for conn in reader.connections:
@@ -405,6 +408,7 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
                 elif conn.topic == STATUS_TOPIC:
                     status_t.append(t_ns)
                     status_state.append(int(msg.state))
+                    status_stamp.append(stamp_ns(msg.header))
                 elif conn.topic == TARGET_TOPICS["track"]:
                     pts = np.array([[p.transforms[0].translation.x, p.transforms[0].translation.y,
                                      p.transforms[0].translation.z] for p in msg.points], float).reshape(-1, 3)
@@ -439,7 +443,8 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
     return Episode(path, meta, topics, np.asarray(st_t, np.int64) + offset, *arrays,
                    np.asarray(cmd_t, np.int64)[cmd_order],
                    np.asarray(cmd_v, float).reshape(-1, len(names))[cmd_order], ref, goals, bag_sha256(path),
-                   np.asarray(status_t, np.int64), np.asarray(status_state, np.int64))
+                   np.asarray(status_t, np.int64), np.asarray(status_state, np.int64),
+                   np.asarray(status_stamp, np.int64) + offset)
 
 
 def _order(msg_names: list[str], names: list[str], path: Path) -> np.ndarray:

@@ -245,3 +245,42 @@ def test_trust_calibration_from_recorded_operation(recorded, tmp_path):
     assert again.model_version == cal.model_version and again.model_version.startswith("wm-")
     assert all(np.isfinite(v) and v > 0 for v in again.thresholds.values()), again.thresholds
     assert again.source.startswith("bags:")
+
+
+def test_a_replayed_period_with_no_command_sent_is_not_judged_as_the_node_does_not(tmp_path):
+    """The filter stamps a SafetyStatus with each command it sends. A recording with 200 ms of none
+    (a stalled stack: the driver's 50 ms timeout ramps the arm to rest, while the replay holds the
+    last command and the world model predicts it) gives those periods no prediction signals when
+    replayed with the hardware's command timeout, as the trust_monitor node does not judge them;
+    every other period is judged alike."""
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.learning.bag_calibration import replay_run
+    from robot_wm.paths import data_path
+
+    m = Messages()
+    command = np.array([0.2, -0.1, 0.1, 0.0, 0.0, 0.0])
+    q, v = np.array([0.0, -1.2, 1.2, -1.5708, -1.5708, 0.0]), np.zeros(6)
+    gap = range(300, 320)
+    with EpisodeBagWriter(tmp_path / "demos" / "ep") as w:
+        for k in range(601):
+            t = 1_000_000_000 + k * 10_000_000
+            stalled = k in gap
+            target = np.zeros(6) if stalled and k >= gap.start + 5 else command  # the driver's timeout after 50 ms
+            v = v + 0.3 * (target - v)
+            q = q + v * 0.01
+            w.write(bags.STATES_TOPIC, t, m.joint_state(t, NAMES, q, v, np.zeros(6)))
+            if not stalled:
+                w.write(bags.COMMAND_TOPIC, t, m.float64_array(command))
+                w.write(bags.STATUS_TOPIC, t, m.safety_status(t, 0, "OK", [], 0.0))
+        w.close(_meta())
+    config, settings = load_trust_config(None)
+    wm = Path(data_path("models", "track", "world_model.onnx"))
+    judged, _, _ = replay_run(tmp_path / "demos", wm, config)
+    ruled, _, _ = replay_run(tmp_path / "demos", wm, config, command_timeout_s=settings.command_timeout_s)
+    error, error_ruled = judged.raw["prediction_error"], ruled.raw["prediction_error"]
+    skipped = np.isnan(error_ruled) & ~np.isnan(error)
+    t_gap = (gap.start - 1) * 0.01 + settings.command_timeout_s  # the last command, then the timeout
+    assert skipped.any() and np.all((judged.t_s[skipped] > t_gap - 0.011) & (judged.t_s[skipped] < gap.stop * 0.01 + 0.03))
+    assert np.nanmax(error[skipped]) > 3.0 * np.nanmedian(error), "the held command should have mispredicted the stop"
+    same = ~skipped
+    np.testing.assert_array_equal(error[same], error_ruled[same])

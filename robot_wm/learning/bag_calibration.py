@@ -9,7 +9,9 @@ efforts since the previous period, the filter's verdict then (FILTERING or not),
 model's prediction made one period earlier from the state and the command actually sent
 (``WorldModelRunner``, the world_model node's own runner). The signals go through the node's own
 ``TrustTracker`` and then through ``calibrate_run``: the effort model is fit on the first half of
-the periods, the thresholds are the quantiles of the second half.
+the periods, the thresholds are the quantiles of the second half. A period no command was sent
+for ``hardware_command_timeout_s`` before (by the SafetyStatus stamps: the filter stamps one with
+each command) is not judged, as the node does not judge it.
 
 Recorded by the library-mode simulator, a bag carries the joint states of the control periods
 only (100 Hz, not the arm's 500 Hz), so its efforts are instantaneous rather than averaged over
@@ -35,10 +37,13 @@ def needed_seconds(exceedance: float, dt_s: float = 0.01, settle_s: float = 3.0)
 
 
 def replay_run(directory: Path, world_model_path: Path, config, *, task: str | None = None,
-               skipped: list[str] | None = None):
+               skipped: list[str] | None = None, command_timeout_s: float | None = None):
     """The monitor's signals over every episode of ``directory`` (a ``trust_eval.Run``, episodes
     back to back on one clock). With ``skipped``, an episode the loader refuses (a hole in its
-    joint states) is left out and its reason appended there; without, it raises."""
+    joint states) is left out and its reason appended there; without, it raises. With
+    ``command_timeout_s`` (the hardware's), a period no command was sent for that long before (by
+    the SafetyStatus stamps, one per command sent) is not judged, as the node does not judge it: the
+    driver stopped the arm then, while the replay holds the last command."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety.types import FilterState
@@ -80,7 +85,9 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
         runner = WorldModelRunner(world_model_path, names, dt, analytic=False)  # predicts only
         version = runner.version
         cal = _recording_calibration(runner.version)
-        tracker = TrustTracker(TrustMonitor(config, cal), kin, dt)
+        tracker = TrustTracker(TrustMonitor(config, cal), kin, dt, command_timeout_s=command_timeout_s or None)
+        sent = np.sort(clock + (ep.status_stamp_ns - ep.meta.start_ns) * 1e-9)  # the commands' send times, replay clock
+        fed = 0
         for k in range(steps + 1):
             t = clock + k * dt
             lo, hi = (cuts[k - 1] if k else max(cuts[0] - 1, 0)), cuts[k]
@@ -89,6 +96,9 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
             intervened = None
             if status_idx[k] >= 0:
                 intervened = int(ep.status_state[status_idx[k]]) == int(FilterState.FILTERING)
+            while fed < len(sent) and sent[fed] <= t + 1e-9:  # as the node hears of them: up to the period
+                tracker.command(float(sent[fed]))
+                fed += 1
             tracker.measurement(t, q[k], qd[k], effort, intervened)
             rec.add(t, tracker, effort)
             if k < steps:
@@ -112,7 +122,8 @@ def calibrate_from_bags(directory: Path, world_model_path: Path, *, config_file:
     from robot_wm.learning.trust_eval import calibrate_run
 
     config, settings = load_trust_config(config_file)
-    run, version, n = replay_run(directory, world_model_path, config, task=task)
+    run, version, n = replay_run(directory, world_model_path, config, task=task,
+                                 command_timeout_s=settings.command_timeout_s)
     seconds = float(len(run.t_s) * 0.01)
     need = needed_seconds(settings.exceedance)
     if seconds < need:

@@ -136,7 +136,8 @@ def calibrate(bag_dir: Path, world_model: Path, exceedance: float, task: str, ou
 
     config, settings = load_trust_config(None)
     skipped: list[str] = []
-    run, version, n = replay_run(bag_dir, world_model, config, task=task, skipped=skipped)
+    run, version, n = replay_run(bag_dir, world_model, config, task=task, skipped=skipped,
+                                 command_timeout_s=settings.command_timeout_s)
     n -= len(skipped)
     seconds = float(len(run.t_s) * 0.01)
     out.parent.mkdir(parents=True, exist_ok=True)

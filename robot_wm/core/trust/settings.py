@@ -21,6 +21,9 @@ class CalibrationSettings:
     refresh_seconds: float = 600.0  # an inherited calibration is refreshed on this much live normal operation (0: never)
     refresh_max_factor: float = 1.5  # a refreshed threshold stays at most this multiple of the inherited one
     alarms_per_hour: float = 0.0  # target level drops per hour of normal operation, over all signals (0: off)
+    #: the hardware's command timeout (hardware_command_timeout_s): a replayed period with no command sent for longer
+    #: is not judged, as the node does not judge it (0: every period is)
+    command_timeout_s: float = 0.05
 
     def floor_map(self) -> dict[str, float]:
         return dict(self.floors)
@@ -61,7 +64,11 @@ def config_from_params(params: dict) -> tuple[TrustConfig, CalibrationSettings]:
     if alarms < 0:
         raise ValueError(f"{SECTION}.false_alarms_per_hour={alarms!r}: expected a rate >= 0 per hour (0: thresholds "
                          "from the per-period exceedance alone)")
-    return config, CalibrationSettings(exceedance, seconds, floors, refresh_s, refresh_factor, alarms)
+    command_timeout_s = _number(params, "hardware_command_timeout_s", 0.05)
+    if command_timeout_s < 0:
+        raise ValueError(f"{SECTION}.hardware_command_timeout_s={command_timeout_s!r}: expected a duration >= 0 s "
+                         "(0: judge every period)")
+    return config, CalibrationSettings(exceedance, seconds, floors, refresh_s, refresh_factor, alarms, command_timeout_s)
 
 
 PHASE_KEYS = ("min_minutes", "min_episodes", "min_success_rate", "min_mean_score", "anomaly_free_minutes",
