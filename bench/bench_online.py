@@ -96,6 +96,11 @@ class Observer:
 
         self.triggers = {name: n.create_client(Trigger, name)
                          for name in ("/robot_wm/estop", "/safety_filter/tare", "/robot_wm/reset_estop")}
+        from robot_wm.srv import Intervention
+
+        self.intervention = {name: n.create_client(Intervention, f"/robot_wm/intervention/{name}")
+                             for name in ("take", "release")}
+        self.jog_pub = n.create_publisher(Float64MultiArray, "/robot_wm/teleop/joint_velocity", 10)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(n)
         self.spinner = SpinThread(self.executor)
@@ -161,6 +166,67 @@ class Observer:
         while not future.done() and time.monotonic() < deadline:
             time.sleep(0.01)
         return (future.result().success, future.result().message) if future.done() else (False, "no answer")
+
+    def intervene(self, name: str, reason: str) -> tuple[bool, str]:
+        """/robot_wm/intervention/take or /release (the operator's take-over)."""
+        from robot_wm.srv import Intervention
+
+        client = self.intervention[name]
+        if not client.wait_for_service(timeout_sec=5.0):
+            return False, f"no /robot_wm/intervention/{name}"
+        future = client.call_async(Intervention.Request(reason=reason))
+        deadline = time.monotonic() + 5.0
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return (future.result().success, future.result().message) if future.done() else (False, "no answer")
+
+    def accepted_since(self, t_wall: float) -> float | None:
+        """The stamp of the first model the learner activated after ``t_wall`` (None: none yet)."""
+        return next((tw for tw, u in list(self.updates) if tw > t_wall and u.action == "activate" and u.accepted), None)
+
+    def operator_recovers(self, args, t_jump: float) -> dict[str, Any]:
+        """What an operator does when the monitor has stopped the arm after a change of the arm: take
+        over (the monitor answers SLOW and releases HUMAN), reset the filter's latch, jog the joints
+        (slow sines through the policy node's teleop slot and the filter) so that the learner sees the
+        changed arm move, until it has activated a model and ``--operator-after-model`` s more have
+        passed (at most ``--operator-jog``), let the deadman stop the arm, and hand back at rest."""
+        from std_msgs.msg import Float64MultiArray
+
+        events: list[tuple[float, str]] = []
+        mark = lambda text: events.append((round(time.time() - t_jump, 2), text))  # noqa: E731
+        t_take = time.time()
+        ok, text = self.intervene("take", "bench: the monitor stopped the arm after the jump")
+        mark(f"take: {ok} {text}")
+        if not ok:
+            return {"events": events}
+        deadline = time.monotonic() + 10.0
+        ok, text = False, ""
+        while time.monotonic() < deadline and not ok:
+            time.sleep(0.3)
+            ok, text = self.call("/robot_wm/reset_estop")  # refused while the level is still STOP
+        mark(f"reset: {ok} {text}")
+        rng = np.random.default_rng(0)
+        freq, phase = rng.uniform(0.2, 0.5, 6), rng.uniform(0.0, 2 * np.pi, 6)
+        amp = np.array([0.4, 0.3, 0.4, 0.5, 0.5, 0.6])  # rad/s asked; the filter holds them to SLOW's limits
+        t_jog, model_at = time.monotonic(), None
+        mark("jog starts")
+        while time.monotonic() - t_jog < args.operator_jog:
+            model_at = model_at or self.accepted_since(t_take)
+            if model_at is not None and time.time() - model_at >= args.operator_after_model:
+                break
+            k = time.monotonic() - t_jog
+            ramp = min(1.0, k / 2.0)  # no step at the start
+            self.jog_pub.publish(Float64MultiArray(data=list(ramp * amp * np.sin(2 * np.pi * freq * k + phase))))
+            time.sleep(0.02)
+        mark("jog ends" + (f"; the learner's model came {model_at - t_take:.1f} s after the take-over"
+                           if model_at is not None else "; no model from the learner"))
+        deadline = time.monotonic() + 15.0
+        ok = False
+        while time.monotonic() < deadline and not ok:
+            time.sleep(0.5)  # the deadman stops the arm; the hand-back is refused until it is at rest
+            ok, text = self.intervene("release", "bench: the learner has seen the changed arm")
+        mark(f"release: {ok} {text}")
+        return {"events": events, "model_after_take_s": None if model_at is None else round(model_at - t_take, 2)}
 
     def retare(self, timeout_s: float = 20.0) -> str:
         """What an operator does after a payload change: e-stop, re-tare the F/T sensor at rest, reset."""
@@ -284,10 +350,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.retare and args.fault == "payload":  # the operator after a tool change: the F/T sensor otherwise reads the payload as a contact
             doc["operator"] = obs.retare()
         print(f"bench online: {doc['jump']} ({doc['inject']}); {args.after:g} s after", file=sys.stderr, flush=True)
+        recoveries = doc["operator_recoveries"] = []
         while time.time() - t_jump < args.after:
             if args.kill_learner_at and killed_at is None and time.time() - t0 >= args.kill_learner_at:
                 os.kill(pids["adaptation"], 9)
                 killed_at = time.time()
+            stopped = [ts for ts, level in list(obs.trust_levels) if ts > t_jump and level >= 3]
+            if args.operator and stopped and len(recoveries) < 3 and stopped[-1] > (recoveries[-1]["done_wall_s"] if recoveries else 0):
+                print(f"bench online: STOP {stopped[-1] - t_jump:+.1f} s after the jump; the operator takes over",
+                      file=sys.stderr, flush=True)
+                recoveries.append(obs.operator_recovers(args, t_jump) | {"stop_s": round(stopped[-1] - t_jump, 2)})
+                recoveries[-1]["done_wall_s"] = time.time()
             time.sleep(0.5)
         span = time.time() - t0
         if killed_at is None:
@@ -471,6 +544,13 @@ def plot(path: Path, t, err, updates, t0, t_jump, doc) -> None:
             ax.axvline(u["t_s"], color="C1" if u["action"] == "activate" else "C4", lw=1)
     ax.plot([], [], color="C1", label="model swapped in (activate)")
     ax.plot([], [], color="C4", label="rollback")
+    for r in doc.get("operator_recoveries", []):  # the operator in control: take-over to hand-back
+        take = next((t for t, e in r["events"] if e.startswith("take: True")), None)
+        release = next((t for t, e in r["events"] if e.startswith("release: True")), None)
+        if take is not None:
+            ax.axvspan(take, release if release is not None else ax.get_xlim()[1], color="C5", alpha=0.15, lw=0)
+    if doc.get("operator_recoveries"):
+        ax.fill_between([], [], color="C5", alpha=0.15, label="operator in control (jog)")
     rec = doc.get("recovery_s")
     ax.set_title(f"online adaptation on {doc['profile']}: velocity error back within 1.2x "
                  + (f"{rec:.0f} s after the jump" if rec is not None else "not within the run"))
@@ -499,6 +579,12 @@ def main() -> int:
     ap.add_argument("--kill-learner-at", type=float, default=0.0, help="SIGKILL the learner this many s into the run")
     ap.add_argument("--trust-refresh-seconds", type=float, default=None,
                     help="the trust monitor's refresh_seconds (default: config/trust.yaml's)")
+    ap.add_argument("--operator", action="store_true",
+                    help="when the monitor stops the arm after the jump: take over, reset, jog until the learner has a "
+                         "model, hand back (Observer.operator_recovers), up to 3 times")
+    ap.add_argument("--operator-jog", type=float, default=90.0, help="the operator's jog lasts at most this long (s)")
+    ap.add_argument("--operator-after-model", type=float, default=10.0,
+                    help="... and ends this long after the learner activated a model (s)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_online"))
     ap.add_argument("--json", action="store_true", help="only the JSON on stdout")
     args = ap.parse_args()
@@ -532,6 +618,8 @@ def main() -> int:
         for k, d in doc["trust"]["by_calibration"].items():
             print(f"  trust level drops under the {k} calibration: {d['level_drops']} in {d['minutes']} min")
         print(f"  trust level drops at (s from the jump): {doc['trust']['level_drops_t_s']}")
+        for r in doc.get("operator_recoveries", []):
+            print(f"  operator after the STOP at {r['stop_s']:+.1f} s: " + "; ".join(f"{t:+.1f} s {e}" for t, e in r["events"]))
         after = doc["trust"]["after_jump"]
         print("  trust after the jump: " + ", ".join(f"{k} {v:.0%}" for k, v in after["share"].items() if v)
               + (f"; STOP at {after['first_stop_s']:+.1f} s: the filter latched it and holds the arm until an operator "
