@@ -230,6 +230,8 @@ def test_a_signal_that_joins_a_lasting_one_must_last_itself_before_it_stops_the_
     outs = _run(m, [(6.0, 3.0, False)] * 30 + [(6.0, 0.5, False)] * 100, t0=t0 + 3.0)  # disagreement for 0.3 s
     assert "disagreement" in outs[20].reason and " > " in outs[20].reason.split("disagreement")[1][:12]
     assert all(o.level == TrustLevel.SLOW for o in outs) and m.anomalies == 0
+    assert "the 1 s an anomaly needs" in outs[20].reason, outs[20].reason
+    assert "anomaly needs" not in outs[-1].reason  # the excursion over, the reason says so no more
     outs = _run(m, [(6.0, 3.0, False)] * 150, t0=t0 + 4.3)  # ... and for 1.5 s: STOP once it has lasted 1 s
     stopped = next(k for k, o in enumerate(outs) if o.level == TrustLevel.STOP)
     assert 100 <= stopped <= 110 and m.anomalies == 1, stopped

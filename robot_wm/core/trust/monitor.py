@@ -147,6 +147,7 @@ class TrustMonitor:
         self._alpha_dt, self._alpha = -1.0, [0.0] * len(SIGNALS)  # per-signal EWMA weights for a period of _alpha_dt
         self._value = [0.0] * len(SIGNALS)  # the smoothed signals (Ewma with initial 0: quiet)
         self._over_since: list[float | None] = [None] * len(SIGNALS)
+        self._young = ""  # why two persistent signals are SLOW, not STOP (anomaly_window_s), for the reason
         self._last_t: float | None = None
         self._last_prediction_t: float | None = None
         self._better_since: float | None = None
@@ -248,8 +249,13 @@ class TrustMonitor:
             onsets = sorted(self._over_since[i] for i in persistent)
             window = self.config.anomaly_window_s
             if t_s - onsets[1] >= window or any(b - a <= window for a, b in zip(onsets, onsets[1:])):
+                self._young = ""
                 return TrustLevel.STOP, True
-            return TrustLevel.SLOW, False  # a young signal beside a lasting one: it must last too
+            # a young signal beside a lasting one: it must last too
+            self._young = (f" (two signals over, the later for {t_s - onsets[-1]:.2g} of the {window:g} s an anomaly "
+                           "needs beside one over for longer)")
+            return TrustLevel.SLOW, False
+        self._young = ""
         if len(persistent) == 1:
             i = persistent[0]
             slow = self._value[i] / self._th[i] >= self.config.slow_ratio
@@ -306,7 +312,7 @@ class TrustMonitor:
             since = self._over_since[i]
             parts.append(f"{_NAMES[i]} {self._value[i]:.3g} > {self._th_text[i]} for {t_s - since:.2g} s" if since is not None
                          else f"{_NAMES[i]} {self._value[i]:.3g} <= {self._th_text[i]}")
-        return "; ".join(parts) or "no signals yet"
+        return "; ".join(parts) + self._young if parts else "no signals yet"
 
 
 __all__ = ["TrustConfig", "TrustMonitor", "TrustOutput"]
