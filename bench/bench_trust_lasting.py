@@ -34,16 +34,12 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="base", help="name=value[,name=value] over config/trust.yaml (base: as it is)")
     args = ap.parse_args(argv)
 
-    import yaml
-
     from bench_trust_variants import parse_variant
     from robot_wm.core.trust import calibration as calib_io
-    from robot_wm.core.trust.settings import SECTION, config_from_params
+    from robot_wm.core.trust.settings import load_trust_config
     from robot_wm.learning import trust_eval as te
-    from robot_wm.paths import data_path
 
-    params = yaml.safe_load(data_path("config", "trust.yaml").read_text())[SECTION]["ros__parameters"]
-    config, _ = parse_variant(args.variant, config_from_params(params)[0])
+    config, _ = parse_variant(args.variant, load_trust_config()[0])
     rows, t0 = [], time.time()
     for profile in args.profiles:
         cal = calib_io.load(te.default_calibration_path(profile))
