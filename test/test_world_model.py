@@ -317,6 +317,38 @@ def test_linearize_with_std_gives_the_nominal_prediction_and_its_std_in_one_call
     assert std.shape == (12,) and np.all(std > 0)
 
 
+def test_the_linearization_graph_carries_no_weights_and_its_session_keeps_them_alive():
+    """The hot swap builds the linearization graph on a loader thread beside the control thread: its
+    layer weights are handed to the session from memory (external initializers), not copied into the
+    serialized graph, and the session keeps them alive after the builder's arrays are gone."""
+    import gc
+
+    from robot_wm.core import wm_linearization as wl
+    from robot_wm.paths import data_path
+
+    path = data_path("models", "world_model.onnx")
+    runner = WorldModelRunner(path, JOINTS, TASK.control_dt_s)
+    weights = wl.read_ensemble(path, runner.model.meta)
+    graph, external = wl.linearization_graph(weights)
+    weight_bytes = sum(a.nbytes for a in external.values())
+    assert weight_bytes > 1_000_000 and len(graph) < 0.01 * weight_bytes, (len(graph), weight_bytes)
+    assert {"w0", "w1", "w_head"} <= set(external)
+    lin = wl.Linearizer(graph, {k: v.copy() for k, v in external.items()})  # the only copies: the session's
+    del external
+    gc.collect()
+    q = np.array([0.1, -1.4, 1.5, -1.6, -1.5, 0.2])
+    qd = np.array([0.2, -0.1, 0.0, 0.3, 0.0, -0.1])
+    u = np.array([0.3, 0.1, -0.2, 0.0, 0.4, 0.0])
+    f0_ref, jac_ref, std_ref = runner.linearize_with_std(q, qd, u)
+    for _ in range(50):  # allocations that would reuse freed weight memory
+        np.random.default_rng(0).normal(size=(500, 500))
+    runner._linearizer = lin
+    f0, jac, std = runner.linearize_with_std(q, qd, u)
+    np.testing.assert_array_equal(f0, f0_ref)
+    np.testing.assert_array_equal(jac, jac_ref)
+    np.testing.assert_array_equal(std, std_ref)
+
+
 @pytest.mark.parametrize("variant", ["shipped_like", "qdot_history_sincos", "variance_scale"])
 def test_linearization_graph_is_the_exact_jacobian_of_the_ensemble(variant, tmp_path):
     """The one-call linearization graph (robot_wm.core.wm_linearization) returns the ensemble's mean,

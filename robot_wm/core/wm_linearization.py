@@ -11,7 +11,9 @@ the later layers carry the N tangent rows beside the primal one.
 This module reads an exported ensemble (``robot_wm.learning.world_model.export_world_model``: batched
 weights ``hidden.i.weight`` [M, in, out], ``head.weight``, biases, log-variance bounds, feature and
 delta normalization, optional ``variance_scale``, the architecture in the sidecar's ``config``) and
-builds that graph (batch 1) with the ``onnx`` helper API. The exported file itself is unchanged
+builds that graph (batch 1) with the ``onnx`` helper API, its layer weights handed to the session
+from memory rather than written into it (``_Graph``: the hot swap builds it beside the control
+thread, and protobuf copies hold the interpreter lock). The exported file itself is unchanged
 (its hash, version and every calibration made for it stay valid). The builder reproduces the
 exported graph's arithmetic; :func:`build_linearization` checks it against the model's own
 session before it is used, and a model it does not recognize or does not reproduce is answered by
@@ -43,6 +45,9 @@ from robot_wm.contracts import N_JOINTS, STATE_DIM, WM_ACTIONS, WM_Q, WM_QDOT, W
 LIN_NEXT_STATE = "next_state"  # [2N]
 LIN_JACOBIAN = "jacobian"  # [2N, N]: d next_state / d action_radps[:, -1]
 LIN_STD = "std"  # [2N]: predictive std at the command fed
+#: constants this large or larger are handed to the session from memory, not written into the graph
+EXTERNAL_MIN_BYTES = 4096
+_IN_MEMORY = "robot_wm_in_memory"  # the external data's "location": never a file, the session takes the arrays
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,14 @@ def read_ensemble(onnx_path: Path, sidecar: dict[str, Any]) -> EnsembleWeights |
 
 
 class _Graph:
-    """A tiny builder over onnx.helper: constants, nodes and fresh names."""
+    """A tiny builder over onnx.helper: constants, nodes and fresh names.
+
+    Constants of ``EXTERNAL_MIN_BYTES`` or more (the layer weights: 1.8 MB of the shipped ensemble's
+    1.86) are not copied into the graph: the graph names them as external data and keeps the arrays in
+    ``external``, which the session takes from memory (``Linearizer``). Copying them into protobuf
+    messages, serializing and parsing them again are single C++ calls that hold the interpreter lock
+    (4.4 ms at a time measured, first builds in a process fault fresh pages in), and the hot swap
+    builds this graph on a loader thread beside the control thread."""
 
     def __init__(self) -> None:
         from onnx import helper, numpy_helper
@@ -131,12 +143,24 @@ class _Graph:
         self.helper, self.numpy_helper = helper, numpy_helper
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
+        self.external: dict[str, np.ndarray] = {}
         self._count = 0
 
     def const(self, name: str, value) -> str:
         arr = np.asarray(value)
         arr = arr.astype(np.int64 if arr.dtype.kind in "iu" else np.float32)
-        self.inits.append(self.numpy_helper.from_array(arr, name))
+        if arr.nbytes < EXTERNAL_MIN_BYTES:
+            self.inits.append(self.numpy_helper.from_array(arr, name))
+            return name
+        from onnx import TensorProto
+
+        tensor = TensorProto(name=name, data_type=self.helper.np_dtype_to_tensor_dtype(arr.dtype), dims=arr.shape,
+                             data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", _IN_MEMORY), ("offset", "0"), ("length", str(arr.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.inits.append(tensor)
+        self.external[name] = np.ascontiguousarray(arr)
         return name
 
     def op(self, op_type: str, *inputs: str, **attrs) -> str:
@@ -159,8 +183,9 @@ class _Graph:
         return h, self.op("Add", s, self.op("Mul", h, self.op("Sub", "one", s)))
 
 
-def linearization_graph(w: EnsembleWeights) -> bytes:
-    """The batch-1 ONNX graph (serialized) of :data:`LIN_NEXT_STATE`, :data:`LIN_JACOBIAN`, :data:`LIN_STD`."""
+def linearization_graph(w: EnsembleWeights) -> tuple[bytes, dict[str, np.ndarray]]:
+    """The batch-1 ONNX graph of :data:`LIN_NEXT_STATE`, :data:`LIN_JACOBIAN`, :data:`LIN_STD`:
+    (the serialized graph, its large constants by name, which the graph names as external data)."""
     from onnx import TensorProto, helper
 
     n, h, k = N_JOINTS, w.action_history, w.qdot_history
@@ -223,7 +248,7 @@ def linearization_graph(w: EnsembleWeights) -> bytes:
                helper.make_tensor_value_info(LIN_STD, TensorProto.FLOAT, [sd])]
     graph = helper.make_graph(g.nodes, "world_model_linearization", inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="robot_wm")
-    return model.SerializeToString()
+    return model.SerializeToString(), g.external
 
 
 class Linearizer:
@@ -233,12 +258,17 @@ class Linearizer:
     the exported graph's inputs) and returns (next_state, jacobian, std) as float64 arrays.
     """
 
-    def __init__(self, graph: bytes) -> None:
+    def __init__(self, graph: bytes, external: dict[str, np.ndarray]) -> None:
         from robot_wm.core.onnx_model import session_options
 
         import onnxruntime as ort
 
-        self.session = ort.InferenceSession(graph, sess_options=session_options(), providers=["CPUExecutionProvider"])
+        options = session_options()
+        # the session uses these buffers in place: they live as long as it does
+        self._external = [ort.OrtValue.ortvalue_from_numpy(a) for a in external.values()]
+        options.add_external_initializers(list(external), self._external)
+        self._arrays = list(external.values())
+        self.session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
         self._outputs = [LIN_NEXT_STATE, LIN_JACOBIAN, LIN_STD]
 
     def run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -267,7 +297,7 @@ def build_linearizer(onnx_path: Path, sidecar: dict[str, Any], run_exported, *, 
     if isinstance(weights, str):
         return None, weights
     try:
-        lin = Linearizer(linearization_graph(weights))
+        lin = Linearizer(*linearization_graph(weights))
     except Exception as exc:  # noqa: BLE001 (onnx/onnxruntime raise their own types)
         return None, f"the linearization graph does not build: {type(exc).__name__}: {exc}"
     rng = np.random.default_rng(seed)
