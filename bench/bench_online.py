@@ -16,7 +16,7 @@ Reported (a table, a PNG, and ONE JSON object on the last line):
 * time from the jump until the rolling median is back within ``--recovery-factor`` (1.2) x the level
   before the jump (target: 60 s, aim 30 s);
 * missed control periods (command intervals > 1.5 periods, by the commands' DDS source times)
-  within 1 s of each swap (the announcement's stamp), and elsewhere; each one near a swap, when;
+  within 1 s of each swap (the announcement's stamp), and elsewhere; each one, when (the first 50 elsewhere);
 * the learner's attempts (accepted, rejected, time and CPU per attempt), its process's CPU (% of a
   core) and memory (RSS, PSS);
 * the reaching task's goals reached before and after the jump (from the goal sequencer's episodes).
@@ -439,6 +439,9 @@ def analyse(t, err, ver, commands, updates, episodes, t0, t_jump, args) -> dict[
     out["missed_near_swaps"] = [
         {"from_swap_s": round(float(mid[i] - moments[np.argmin(np.abs(moments - mid[i]))]), 3),
          "interval_ms": round(float(gaps[i]) * 1e3, 1)} for i in np.flatnonzero(miss & near)]
+    # and the others: when (s from the jump) and the interval (ms), the first 50
+    out["missed_elsewhere"] = [{"t_s": round(float(mid[i] - t_jump), 3), "interval_ms": round(float(gaps[i]) * 1e3, 1)}
+                               for i in np.flatnonzero(miss & ~near)[:50]]
     out["swaps"] = sum(1 for s in swaps if s[1] in ("activate", "rollback") and s[3])
     out["goals"] = {"before_jump": [sum(1 for tw, ok in episodes if tw < t_jump and ok), sum(1 for tw, _ in episodes if tw < t_jump)],
                     "after_jump": [sum(1 for tw, ok in episodes if tw >= t_jump and ok), sum(1 for tw, _ in episodes if tw >= t_jump)]}
@@ -600,7 +603,10 @@ def main() -> int:
                  "not within the run" if doc["error_rose_s"] is not None else
                  f"the 5 s median never rose above {args.recovery_factor:g} x the level before the jump"))
         print(f"  swaps {doc['swaps']}; missed periods within 1 s of a swap "
-              f"{doc['missed_periods_within_1s_of_swaps']}, elsewhere {doc['missed_periods_elsewhere']}")
+              f"{doc['missed_periods_within_1s_of_swaps']}, elsewhere {doc['missed_periods_elsewhere']}"
+              + ("; elsewhere at (s from the jump, interval ms): "
+                 + ", ".join(f"{m['t_s']:+.1f} ({m['interval_ms']:.0f})" for m in doc["missed_elsewhere"])
+                 if doc["missed_elsewhere"] else ""))
         acc = [a for a in doc["attempts"] if a["accepted"]]
         print(f"  attempts {len(doc['attempts'])}, accepted {len(acc)}; per attempt "
               f"{np.median([a['seconds'] for a in doc['attempts']]) if doc['attempts'] else math.nan:.1f} s, "

@@ -615,6 +615,73 @@ def test_on_a_real_arm_a_policy_still_in_sim_is_held(spawn, ros_context, tmp_pat
         arm.close()
 
 
+def test_the_live_calibrations_fit_runs_beside_the_periods_and_a_failed_one_stops_the_arm():
+    """The end of `trust calibrate --live`: the fit runs on a thread of its own while every period
+    still publishes ("fitting"), no period is added to the recording meanwhile, the first period that
+    finds the fit done takes it; a fit that raises leaves the monitor at STOP saying why."""
+    import logging
+    import threading
+
+    from robot_wm.nodes.trust_live_calibration import LiveCalibration
+
+    class Recording:
+        def __init__(self):
+            self.periods = 0
+
+        def add(self, t_s, tracker, effort):
+            self.periods += 1
+
+        @property
+        def elapsed_s(self):
+            return 0.01 * self.periods
+
+    class Node(LiveCalibration):
+        simulated_arm, calibrate_s, dt_s, hardware_command_timeout_s = True, 0.5, 0.01, 0.05
+
+        def __init__(self, outcome):
+            self._recording, self._model_version, self.tracker, self.problem = Recording(), "wm-x", None, None
+            self.published, self.taken, self.release, self.outcome = [], [], threading.Event(), outcome
+            self.fit_thread = None
+
+        def _publish(self, level, score, error, threshold, reason, ratios=None, remember=True):
+            self.published.append((level, reason))
+
+        def get_logger(self):
+            return logging.getLogger("test_live_calibration")
+
+        def _fit_calibration(self, recording, model_version):
+            self.fit_thread = threading.current_thread()
+            assert self.release.wait(10.0)
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return (self.outcome, recording.periods, model_version)
+
+    ok = Node("a calibration")
+    ok._take_calibration = ok.taken.append
+    for k in range(50):
+        ok._record(0.01 * k, None)
+    assert ok._fitting is not None and ok._recording.periods == 50
+    for k in range(50, 80):  # the fit is running: the periods go on, and say so
+        ok._record(0.01 * k, None)
+    assert ok._recording.periods == 50 and not ok.taken
+    assert ok.published[-1][0] == 0 and "fitting the calibration" in ok.published[-1][1]
+    assert ok.fit_thread is not threading.current_thread()
+    ok.release.set()
+    assert ok._fitting.wait(10.0)
+    ok._record(0.8, None)
+    assert len(ok.taken) == 1 and ok.taken[0].result == ("a calibration", 50, "wm-x")
+    assert ok._recording is None and ok._fitting is None
+
+    failed = Node(RuntimeError("boom"))
+    failed.release.set()
+    for k in range(50):
+        failed._record(0.01 * k, None)
+    if failed._fitting is not None:  # (it may have finished within the period that started it)
+        assert failed._fitting.wait(10.0)
+        failed._record(0.5, None)
+    assert failed.problem == "calibration failed: RuntimeError: boom" and failed._recording is None
+
+
 @pytest.mark.ros
 @pytest.mark.slow
 def test_calibrate_s_records_normal_operation_writes_the_file_and_judges_with_it(spawn, ros_context, tmp_path):

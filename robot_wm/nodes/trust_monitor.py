@@ -48,6 +48,7 @@ from robot_wm.nodes.conversions import stamp_to_s
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 from robot_wm.nodes.trust_diagnostics import diagnostic_values
+from robot_wm.nodes.trust_live_calibration import LiveCalibration
 from robot_wm.nodes.trust_phases import STATUS_FRESH_S, PhaseOperations
 from robot_wm.nodes.trust_swap import RollbackGuard, calibration_for, declare_rollback
 
@@ -56,7 +57,7 @@ _DIAG_LEVELS = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticS
                 3: DiagnosticStatus.ERROR, 4: DiagnosticStatus.ERROR}
 
 
-class TrustMonitorNode(PhaseOperations, ControlNode):
+class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
     """See the module docstring."""
 
     SUBSCRIBES_JOINT_STATES = False  # every joint state is kept (``_on_joint_state_full``), not only the latest
@@ -138,6 +139,7 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         self.tracker = None
         self.calibration = None
         self._recording = None  # calibrate_s > 0: what normal operation looked like (trust_eval.RunRecorder)
+        self._fitting = None  # trust_live_calibration.BackgroundFit: the recording's calibration being fitted
         self._refresh = None  # core.trust.refresh.CalibrationRefresh: an inherited calibration being refreshed live
         self.problem = "not configured"  # why the monitor says STOP on its own (None: it judges)
         self._js: collections.deque = collections.deque(maxlen=64)  # (stamp_s, q, qd, effort or None)
@@ -236,7 +238,7 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
         if self.calibrate_s > 0:
             from robot_wm.learning.trust_eval import RunRecorder, _recording_calibration
 
-            self._recording = RunRecorder(len(self.joint_names))
+            self._recording, self._fitting = RunRecorder(len(self.joint_names)), None
             self.calibration = _recording_calibration("any")
             self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s,
                                         command_timeout_s=self.hardware_command_timeout_s or None)
@@ -514,43 +516,6 @@ class TrustMonitorNode(PhaseOperations, ControlNode):
             if target > new[-1][0]:
                 return None if new[-1][0] - self._measured_stamp < 2.0 * self.dt_s else new[-1]
         return new[-1] if new[-1][0] - self._measured_stamp >= self.dt_s else None
-
-    # ------------------------------------------------------------------ calibration
-    def _record(self, t_s: float, effort) -> None:
-        self._recording.add(t_s, self.tracker, effort)
-        elapsed = self._recording.elapsed_s
-        level = 0 if self.simulated_arm else 1
-        if elapsed < self.calibrate_s:
-            self._publish(level, 1.0, math.nan, math.nan,
-                          f"calibrating: {elapsed:.0f} of {self.calibrate_s:g} s of normal operation recorded")
-            return
-        self._finish_calibration()
-
-    def _finish_calibration(self) -> None:
-        from robot_wm.core.trust import CalibrationError, EffortModelError, TrustMonitor
-        from robot_wm.core.trust import calibration as calib_io
-        from robot_wm.core.trust.settings import config_from_params
-        from robot_wm.core.trust.tracker import TrustTracker
-        from robot_wm.learning.trust_eval import calibrate_run
-
-        run, self._recording = self._recording.run(self.profile), None
-        _, settings = config_from_params(self.params)
-        try:
-            cal = calibrate_run(run, settings.exceedance, settings.floor_map(), self._config,
-                                model_version=self._model_version or "unknown",
-                                source=f"ros:{self.profile}:{run.t_s[-1] - run.t_s[0]:.0f}s", dt_s=self.dt_s,
-                                alarms_per_hour=settings.alarms_per_hour)
-            calib_io.save(cal, self._path)
-        except (CalibrationError, EffortModelError, OSError, ValueError) as exc:
-            self.problem = f"calibration failed: {exc}"
-            self.get_logger().error(f"{self.problem}; publishing STOP")
-            return
-        self.calibration = cal
-        self.tracker = TrustTracker(TrustMonitor(self._config, cal), self._kin, self.dt_s,
-                                   command_timeout_s=self.hardware_command_timeout_s or None)
-        self.get_logger().warning(
-            f"calibration written to {self._path} ({cal.periods} held-out periods, exceedance {cal.exceedance:g}): "
-            + ", ".join(f"{k} {v:.3g}" for k, v in cal.thresholds.items()) + "; judging with it from now on")
 
     # ------------------------------------------------------------------ output
     def _publish_out(self, out) -> None:

@@ -1,0 +1,101 @@
+"""The trust monitor's own calibration (``calibrate_s``: what `robot-wm trust calibrate --live` runs).
+
+The node records normal operation for ``calibrate_s`` seconds, then fits the calibration (effort
+model, per-joint scales, thresholds and their tails) and judges with it. The fit is seconds of CPU
+on a long recording, and on the monitor's period thread no TrustState went out meanwhile, while
+the safety filter stops the arm on a TrustState older than ``trust_timeout_s`` (1 s): the end of a
+calibration could stop the arm for stale trust. So the fit runs on a thread of its own, just below
+the period thread (``model_swap.loader_scheduling``: the interpreter lock handed back every 0.5 ms),
+while the periods go on publishing "calibrating"; the first period that finds it done takes the
+calibration in. A fit that fails, for whatever reason, leaves the monitor at STOP with the reason.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+from robot_wm.nodes.model_swap import loader_scheduling
+
+
+class BackgroundFit:
+    """``fn(*args)`` on a daemon thread just below the caller's; ``done()``, then ``result`` or ``error``."""
+
+    def __init__(self, fn, *args, name: str = "trust_calibration_fit") -> None:
+        self.result = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True).start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            with loader_scheduling():
+                self.result = fn(*args)
+        except Exception as exc:  # noqa: BLE001 (any failure is reported by the period that takes it)
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)
+
+
+class LiveCalibration:
+    """The recording and the fit of ``TrustMonitorNode`` (a mixin: it uses the node's ``_recording``,
+    ``tracker``, ``params``, ``_config``, ``_kin``, ``_path``, ``_publish`` and logger)."""
+
+    _fitting: BackgroundFit | None = None
+
+    def _record(self, t_s: float, effort) -> None:
+        level = 0 if self.simulated_arm else 1
+        elapsed = self._recording.elapsed_s
+        if self._fitting is None:
+            self._recording.add(t_s, self.tracker, effort)
+            elapsed = self._recording.elapsed_s
+            if elapsed < self.calibrate_s:
+                self._publish(level, 1.0, math.nan, math.nan,
+                              f"calibrating: {elapsed:.0f} of {self.calibrate_s:g} s of normal operation recorded")
+                return
+            self._fitting = BackgroundFit(self._fit_calibration, self._recording, self._model_version or "unknown")
+        if not self._fitting.done():
+            self._publish(level, 1.0, math.nan, math.nan,
+                          f"calibrating: {elapsed:.0f} s of normal operation recorded; fitting the calibration")
+            return
+        fitting, self._fitting, self._recording = self._fitting, None, None
+        self._take_calibration(fitting)
+
+    def _fit_calibration(self, recording, model_version: str):
+        """On the fit's thread: the calibration of ``recording``, written to the node's path."""
+        from robot_wm.core.trust import calibration as calib_io
+        from robot_wm.core.trust.settings import config_from_params
+        from robot_wm.learning.trust_eval import calibrate_run
+
+        run = recording.run(self.profile)
+        _, settings = config_from_params(self.params)
+        cal = calibrate_run(run, settings.exceedance, settings.floor_map(), self._config, model_version=model_version,
+                            source=f"ros:{self.profile}:{run.t_s[-1] - run.t_s[0]:.0f}s", dt_s=self.dt_s,
+                            alarms_per_hour=settings.alarms_per_hour)
+        calib_io.save(cal, self._path)
+        return cal
+
+    def _take_calibration(self, fitting: BackgroundFit) -> None:
+        from robot_wm.core.trust import TrustMonitor
+        from robot_wm.core.trust.tracker import TrustTracker
+
+        if fitting.error is not None:
+            exc = fitting.error
+            self.problem = f"calibration failed: {type(exc).__name__}: {exc}"
+            self.get_logger().error(f"{self.problem}; publishing STOP")
+            return
+        cal = fitting.result
+        self.calibration = cal
+        self.tracker = TrustTracker(TrustMonitor(self._config, cal), self._kin, self.dt_s,
+                                    command_timeout_s=self.hardware_command_timeout_s or None)
+        self.get_logger().warning(
+            f"calibration written to {self._path} ({cal.periods} held-out periods, exceedance {cal.exceedance:g}): "
+            + ", ".join(f"{k} {v:.3g}" for k, v in cal.thresholds.items()) + "; judging with it from now on")
+
+
+__all__ = ["BackgroundFit", "LiveCalibration"]
