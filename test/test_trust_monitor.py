@@ -615,14 +615,27 @@ def test_on_a_real_arm_a_policy_still_in_sim_is_held(spawn, ros_context, tmp_pat
         arm.close()
 
 
-def test_the_live_calibrations_fit_runs_beside_the_periods_and_a_failed_one_stops_the_arm():
+def test_the_live_calibrations_fit_runs_beside_the_periods_and_a_failed_one_stops_the_arm(monkeypatch):
     """The end of `trust calibrate --live`: the fit runs on a thread of its own while every period
     still publishes ("fitting"), no period is added to the recording meanwhile, the first period that
     finds the fit done takes it; a fit that raises leaves the monitor at STOP saying why."""
     import logging
     import threading
 
-    from robot_wm.nodes.trust_live_calibration import LiveCalibration
+    from robot_wm.core.trust import settings as trust_settings
+    from robot_wm.nodes import trust_live_calibration as live
+
+    release, fit_threads = threading.Event(), []
+
+    def fit(recording, profile, settings, config, dt_s, model_version):  # what the node hands the fit's thread
+        fit_threads.append(threading.current_thread())
+        assert release.wait(10.0)
+        if profile == "broken":
+            raise RuntimeError("boom")
+        return ("a calibration", recording.periods, profile, settings, dt_s, model_version)
+
+    monkeypatch.setattr(live, "_fit_calibration", fit)
+    monkeypatch.setattr(trust_settings, "config_from_params", lambda params: ("config", f"settings of {params}"))
 
     class Recording:
         def __init__(self):
@@ -635,13 +648,13 @@ def test_the_live_calibrations_fit_runs_beside_the_periods_and_a_failed_one_stop
         def elapsed_s(self):
             return 0.01 * self.periods
 
-    class Node(LiveCalibration):
+    class Node(live.LiveCalibration):
         simulated_arm, calibrate_s, dt_s, hardware_command_timeout_s = True, 0.5, 0.01, 0.05
+        params, _config, _path = "p", "config", "unused"
 
-        def __init__(self, outcome):
+        def __init__(self, profile):
             self._recording, self._model_version, self.tracker, self.problem = Recording(), "wm-x", None, None
-            self.published, self.taken, self.release, self.outcome = [], [], threading.Event(), outcome
-            self.fit_thread = None
+            self.profile, self.published = profile, []
 
         def _publish(self, level, score, error, threshold, reason, ratios=None, remember=True):
             self.published.append((level, reason))
@@ -649,34 +662,27 @@ def test_the_live_calibrations_fit_runs_beside_the_periods_and_a_failed_one_stop
         def get_logger(self):
             return logging.getLogger("test_live_calibration")
 
-        def _fit_calibration(self, recording, model_version):
-            self.fit_thread = threading.current_thread()
-            assert self.release.wait(10.0)
-            if isinstance(self.outcome, Exception):
-                raise self.outcome
-            return (self.outcome, recording.periods, model_version)
-
-    ok = Node("a calibration")
-    ok._take_calibration = ok.taken.append
+    ok = Node("nominal")
+    taken = []
+    ok._take_calibration = taken.append
     for k in range(50):
         ok._record(0.01 * k, None)
     assert ok._fitting is not None and ok._recording.periods == 50
     for k in range(50, 80):  # the fit is running: the periods go on, and say so
         ok._record(0.01 * k, None)
-    assert ok._recording.periods == 50 and not ok.taken
+    assert ok._recording.periods == 50 and not taken
     assert ok.published[-1][0] == 0 and "fitting the calibration" in ok.published[-1][1]
-    assert ok.fit_thread is not threading.current_thread()
-    ok.release.set()
+    release.set()
     assert ok._fitting.wait(10.0)
+    assert len(fit_threads) == 1 and fit_threads[0] is not threading.current_thread()
     ok._record(0.8, None)
-    assert len(ok.taken) == 1 and ok.taken[0].result == ("a calibration", 50, "wm-x")
+    assert len(taken) == 1 and taken[0].result == ("a calibration", 50, "nominal", "settings of p", 0.01, "wm-x")
     assert ok._recording is None and ok._fitting is None
 
-    failed = Node(RuntimeError("boom"))
-    failed.release.set()
+    failed = Node("broken")  # (released already: it may finish within the period that started it)
     for k in range(50):
         failed._record(0.01 * k, None)
-    if failed._fitting is not None:  # (it may have finished within the period that started it)
+    if failed._fitting is not None:
         assert failed._fitting.wait(10.0)
         failed._record(0.5, None)
     assert failed.problem == "calibration failed: RuntimeError: boom" and failed._recording is None

@@ -317,10 +317,11 @@ def test_linearize_with_std_gives_the_nominal_prediction_and_its_std_in_one_call
     assert std.shape == (12,) and np.all(std > 0)
 
 
-def test_the_linearization_graph_carries_no_weights_and_its_session_keeps_them_alive():
+def test_the_linearization_graph_carries_no_weights_and_gives_the_same_numbers():
     """The hot swap builds the linearization graph on a loader thread beside the control thread: its
     layer weights are handed to the session from memory (external initializers), not copied into the
-    serialized graph, and the session keeps them alive after the builder's arrays are gone."""
+    serialized graph, and the session answers exactly as the runner's own, also once the arrays it was
+    given are gone (this onnxruntime copies them; its C API asks that they outlive the session)."""
     import gc
 
     from robot_wm.core import wm_linearization as wl

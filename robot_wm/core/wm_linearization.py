@@ -264,7 +264,7 @@ class Linearizer:
         import onnxruntime as ort
 
         options = session_options()
-        # the session uses these buffers in place: they live as long as it does
+        # onnxruntime's C API asks that these outlive the session (this version copies them at creation)
         self._external = [ort.OrtValue.ortvalue_from_numpy(a) for a in external.values()]
         options.add_external_initializers(list(external), self._external)
         self._arrays = list(external.values())

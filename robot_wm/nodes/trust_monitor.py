@@ -188,6 +188,7 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
 
         self._trust_pub = self.create_lifecycle_publisher(TrustState, "/robot_wm/trust", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._recording = self._fitting = None  # a recording (or its fit) of an earlier configuration is dropped
         try:
             config, _ = config_from_params(self.params)
             urdf = description.expand()
@@ -238,7 +239,7 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
         if self.calibrate_s > 0:
             from robot_wm.learning.trust_eval import RunRecorder, _recording_calibration
 
-            self._recording, self._fitting = RunRecorder(len(self.joint_names)), None
+            self._recording = RunRecorder(len(self.joint_names))
             self.calibration = _recording_calibration("any")
             self.tracker = TrustTracker(TrustMonitor(config, self.calibration), kin, self.dt_s,
                                         command_timeout_s=self.hardware_command_timeout_s or None)
