@@ -158,24 +158,21 @@ class Observer:
         """Call a Trigger service (the operator's commands)."""
         from std_srvs.srv import Trigger
 
-        client = self.triggers[name]
-        if not client.wait_for_service(timeout_sec=5.0):
-            return False, f"no {name}"
-        future = client.call_async(Trigger.Request())
-        deadline = time.monotonic() + 5.0
-        while not future.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return (future.result().success, future.result().message) if future.done() else (False, "no answer")
+        return self._ask(self.triggers[name], Trigger.Request(), name)
 
     def intervene(self, name: str, reason: str) -> tuple[bool, str]:
         """/robot_wm/intervention/take or /release (the operator's take-over)."""
         from robot_wm.srv import Intervention
 
-        client = self.intervention[name]
-        if not client.wait_for_service(timeout_sec=5.0):
-            return False, f"no /robot_wm/intervention/{name}"
-        future = client.call_async(Intervention.Request(reason=reason))
-        deadline = time.monotonic() + 5.0
+        return self._ask(self.intervention[name], Intervention.Request(reason=reason), f"/robot_wm/intervention/{name}")
+
+    @staticmethod
+    def _ask(client, request, name: str, timeout_s: float = 5.0) -> tuple[bool, str]:
+        """(success, message) of one service call, or (False, why not) within ``timeout_s``."""
+        if not client.wait_for_service(timeout_sec=timeout_s):
+            return False, f"no {name}"
+        future = client.call_async(request)
+        deadline = time.monotonic() + timeout_s
         while not future.done() and time.monotonic() < deadline:
             time.sleep(0.01)
         return (future.result().success, future.result().message) if future.done() else (False, "no answer")

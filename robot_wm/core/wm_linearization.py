@@ -264,10 +264,10 @@ class Linearizer:
         import onnxruntime as ort
 
         options = session_options()
-        # onnxruntime's C API asks that these outlive the session (this version copies them at creation)
+        # onnxruntime's C API asks that these outlive the session (this version copies them at creation);
+        # each OrtValue holds its array
         self._external = [ort.OrtValue.ortvalue_from_numpy(a) for a in external.values()]
         options.add_external_initializers(list(external), self._external)
-        self._arrays = list(external.values())
         self.session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
         self._outputs = [LIN_NEXT_STATE, LIN_JACOBIAN, LIN_STD]
 

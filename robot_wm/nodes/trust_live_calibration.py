@@ -52,7 +52,6 @@ class LiveCalibration:
 
     def _record(self, t_s: float, effort) -> None:
         level = 0 if self.simulated_arm else 1
-        elapsed = self._recording.elapsed_s
         if self._fitting is None:
             self._recording.add(t_s, self.tracker, effort)
             elapsed = self._recording.elapsed_s
@@ -67,7 +66,8 @@ class LiveCalibration:
                                           self._config, self.dt_s, self._model_version or "unknown")
         if not self._fitting.done():
             self._publish(level, 1.0, math.nan, math.nan,
-                          f"calibrating: {elapsed:.0f} s of normal operation recorded; fitting the calibration")
+                          f"calibrating: {self._recording.elapsed_s:.0f} s of normal operation recorded; "
+                          "fitting the calibration")
             return
         fitting, self._fitting, self._recording = self._fitting, None, None
         self._take_calibration(fitting)
