@@ -83,6 +83,31 @@ class Kinematics:
         total = pin.rnea(self.model, self.data, q, v, a)[self._perm]
         return g.copy(), total - g
 
+    def point_mass_torques_nm(self, q_rad: np.ndarray, v_radps: np.ndarray, a_radps2: np.ndarray, mass_kg: float,
+                              com_m=(0.0, 0.0, 0.0), frame: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Return (gravity, inertial) joint torques (N·m, joint order) of a point mass rigidly at
+        ``com_m`` in a frame (default: the tool): what ``inverse_dynamics_nm`` would add for it. With
+        J the point's linear Jacobian and p̈ = J a + J̇ v its classical acceleration (base frame):
+        gravity −m Jᵀ g⃗, inertial m Jᵀ p̈."""
+        frame_id = self.tool_frame_id if frame is None else self.model.getFrameId(frame)
+        q = self._q(q_rad)
+        v, a = np.empty(self.model.nv), np.empty(self.model.nv)
+        v[self._perm], a[self._perm] = v_radps, a_radps2
+        pin.forwardKinematics(self.model, self.data, q, v, a)
+        pose = pin.updateFramePlacement(self.model, self.data, frame_id)
+        acc = pin.getFrameClassicalAcceleration(self.model, self.data, frame_id, pin.LOCAL_WORLD_ALIGNED)
+        vel = pin.getFrameVelocity(self.model, self.data, frame_id, pin.LOCAL_WORLD_ALIGNED)
+        jac = pin.computeFrameJacobian(self.model, self.data, q, frame_id, pin.LOCAL_WORLD_ALIGNED)
+        r = pose.rotation @ np.asarray(com_m, dtype=float)  # frame origin -> the point, base axes
+        w = vel.angular
+        # the point: ṗ = v_o + ω × r, p̈ = a_o + α × r + ω × (ω × r) (α: the frame's angular acceleration)
+        p_acc = acc.linear + np.cross(acc.angular, r) + np.cross(w, np.cross(w, r))
+        p_jac = jac[:3] - np.cross(r, jac[3:].T).T  # J_v − [r]× J_ω
+        m = float(mass_kg)
+        gravity = -m * (p_jac.T @ self.model.gravity.linear)
+        inertial = m * (p_jac.T @ p_acc)
+        return gravity[self._perm], inertial[self._perm]
+
     def gravity_torque_nm(self, q_rad: np.ndarray) -> np.ndarray:
         """Return the joint torques that hold the URDF's arm against gravity at ``q_rad`` (N·m, joint order)."""
         return pin.computeGeneralizedGravity(self.model, self.data, self._q(q_rad))[self._perm].copy()

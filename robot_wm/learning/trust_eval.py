@@ -72,6 +72,8 @@ class Run:
     swaps: list[tuple[float, str]] = field(default_factory=list)  # (t, world model version) of on_period's swaps
     #: (T, 3) the response lag's inputs per period, (Σ e·Δv̂, Σ Δv̂², dt) (NaN: none), for ``with_lag_tau``
     lag_sums: np.ndarray | None = None
+    #: the F/T tare's payload the effort regressors stand for (kg; None: no tare was given to the tracker)
+    payload_kg: float | None = None
 
 
 class RunRecorder:
@@ -85,6 +87,7 @@ class RunRecorder:
         self.raw: list[list[float]] = []
         self.features: list[np.ndarray] = []
         self.effort: list[np.ndarray] = []
+        self.payload_kg: float | None = None  # the tare the regressors stand for (the tracker's reference)
 
     @property
     def elapsed_s(self) -> float:
@@ -96,19 +99,23 @@ class RunRecorder:
         self.raw.append([math.nan if tracker.raw.get(s.value) is None else tracker.raw[s.value] for s in SIGNALS])
         f = tracker.last_features
         self.features.append(np.full((self.n, len(FEATURES)), np.nan) if f is None else f)
-        self.effort.append(np.zeros(self.n) if effort_nm is None else np.asarray(effort_nm, dtype=float))
+        judged = tracker.last_effort_nm if tracker.last_effort_nm is not None else effort_nm
+        self.effort.append(np.zeros(self.n) if judged is None else np.asarray(judged, dtype=float))
+        if tracker.payload_reference_kg is not None:
+            self.payload_kg = tracker.payload_reference_kg
 
     def run(self, profile: str) -> Run:
         raw = np.asarray(self.raw, dtype=float).reshape(len(self.t), len(SIGNALS))
         return Run(profile, np.asarray(self.t), {s.value: raw[:, i] for i, s in enumerate(SIGNALS)},
                    np.asarray(self.features).reshape(len(self.t), self.n, len(FEATURES)),
-                   np.asarray(self.effort).reshape(len(self.t), self.n), np.zeros(len(self.t), int))
+                   np.asarray(self.effort).reshape(len(self.t), self.n), np.zeros(len(self.t), int),
+                   payload_kg=self.payload_kg)
 
 
 def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration | None = None,
             config: TrustConfig | None = None, fault: tuple[str, float] | None = None,
             models_dir: Path | None = None, progress: bool = False, stack=None,
-            level_schedule=None, on_period=None) -> Run:
+            level_schedule=None, on_period=None, retare_at_s: float | None = None) -> Run:
     """Run the embedded arm under the stack for ``seconds`` with the trust tracker watching.
 
     Args:
@@ -122,6 +129,9 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
             with what the world_model node pairs (the state and the command sent); a path returned
             is swapped in between two periods, for the filter and the predictor, with their command
             histories (the online learner's hot swap, ``robot_wm.learning.online``).
+        retare_at_s: an operator's re-tare then (after a payload change): e-stop, ``request_tare``,
+            the tare at rest, the reset. Every tare the filter takes is given to the tracker
+            (``TrustTracker.set_payload``), as the trust monitor node hears it from the filter.
     """
     from tqdm import tqdm
 
@@ -152,6 +162,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     policy = PolicyRunner(policy_path, names, dt, task.action_limit_radps, task="reach")
     cal = calibration if calibration is not None else _recording_calibration(wm.version)
     tracker = TrustTracker(TrustMonitor(config or TrustConfig(), cal), kin, dt)
+    tracker.payload_com_m = np.asarray(load_profile(profile).payload_com_m)  # as graph.plan gives the node
     box_lo, box_hi = np.asarray(task.spec.goal_box_min_m), np.asarray(task.spec.goal_box_max_m)
 
     n, n_j = int(round(seconds / dt)), len(names)
@@ -166,6 +177,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
     run.lag_sums = np.full((n, 3), np.nan)
     last_pred = None
     fault_done = fault is None
+    tare_given = first_payload = None
     started = time.perf_counter()
     with tqdm(total=n, unit="period", desc=f"trust {profile}", file=sys.stderr, disable=not progress,
               mininterval=0.5 if sys.stderr.isatty() else 10.0, leave=False) as bar:
@@ -174,6 +186,15 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
             if not fault_done and t >= fault[1]:
                 sim.faults.apply(fault[0], **FAULTS[fault[0]])
                 fault_done = True
+            if retare_at_s is not None and t >= retare_at_s:  # the operator: e-stop, re-tare, then enable
+                retare_at_s = None
+                ctrl.request_estop("operator: re-tare after a payload change")
+                ctrl.request_tare()
+                enabled = False
+            tare = ctrl.tare.tare
+            if tare is not None and tare is not tare_given:  # the filter's /robot_wm/payload
+                tare_given, first_payload = tare, tare.payload_kg if first_payload is None else first_payload
+                tracker.set_payload(tare.payload_kg, first_payload)
             js = sim.joint_state()
             q, qd = js.position_rad, js.velocity_radps
             tool = kin.tool_position_m(q)
@@ -234,7 +255,8 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                     raw[key][k] = v
             if tracker.last_features is not None:
                 feats[k] = tracker.last_features
-            efforts[k] = effort  # what the tracker judged: the calibration must fit the same quantity
+            # what the tracker judged: the calibration must fit the same quantity
+            efforts[k] = effort if tracker.last_effort_nm is None else tracker.last_effort_nm
             sim.set_command(command)
             # the period's mean effort, sampled at the embedded arm's 500 Hz as the node sees it
             samples = []
@@ -246,6 +268,7 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
             effort_mean = np.mean(samples, axis=0)
             bar.update(1)
     run.wall_s = time.perf_counter() - started
+    run.payload_kg = tracker.payload_reference_kg
     return run
 
 
@@ -265,7 +288,8 @@ def calibrate_run(run: Run, exceedance: float, floors: dict[str, float], config:
     idx = np.flatnonzero(keep)
     fit, held = idx[: len(idx) // 2], idx[len(idx) // 2:]
     ok = fit[np.all(np.isfinite(run.features[fit]), axis=(1, 2))]
-    effort = EffortModel.fit(run.features[ok], run.effort_nm[ok], config.effort_tau_s, config.effort_clip_z)
+    effort = EffortModel.fit(run.features[ok], run.effort_nm[ok], config.effort_tau_s, config.effort_clip_z,
+                             payload_kg=run.payload_kg)
     # each joint's scale from the fit half too (its smoothed bias in normal operation, in order)
     effort = effort.calibrated(run.features[ok], run.effort_nm[ok], dt_s, exceedance)
     signal = EffortSignal(effort)

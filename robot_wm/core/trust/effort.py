@@ -25,7 +25,15 @@ calibration), so every joint is judged against its own normal spread and a load 
 joints is not averaged away over six (library mode, nominal arm: 2.5 kg seen after 9 periods at
 p90 instead of 36 with the RMS of unscaled biases, with fewer level drops in normal operation).
 The smoothing and the clip the scales were made with are part of the model (``tau_s``,
-``clip_z``): a model is always used with the signal it was calibrated for. numpy + the kinematics.
+``clip_z``): a model is always used with the signal it was calibrated for.
+
+**A declared payload.** A payload the operator mounts and tares (the safety filter's F/T tare,
+``robot-wm tare``) is no anomaly, but the model of normal operation does not know its mass: the
+effort signal stays over its threshold and the arm at SLOW until a new calibration. So a model
+records the tared payload its data stood for (``payload_kg``), and the tracker adds the dynamics of
+the difference to the URDF's regressors (a point mass at the tool: its gravity and inertial
+torques, ``Kinematics.point_mass_torques_nm``); the coefficients stay the fit's. A payload that is
+not tared (picked up while running) changes nothing here: it is still seen. numpy + the kinematics.
 """
 from __future__ import annotations
 
@@ -50,6 +58,25 @@ class EffortModelError(ValueError):
     """An effort model cannot be fit or used; the message says which input or field."""
 
 
+#: the largest payload an effort model may record (kg): a safety filter's tare refuses more than 5 kg by default
+MAX_PAYLOAD_KG = 100.0
+
+
+def _payload(what: str, value) -> float | None:
+    """A recorded payload (kg, finite, |kg| <= MAX_PAYLOAD_KG: a tare may read a few grams below zero) or
+    None; EffortModelError naming it otherwise."""
+    if value is None:
+        return None
+    try:
+        kg = float(value)
+    except (TypeError, ValueError):
+        kg = math.nan
+    if isinstance(value, bool) or not abs(kg) <= MAX_PAYLOAD_KG:
+        raise EffortModelError(f"{what}: payload_kg={value!r}: expected the tared payload in kg (at most "
+                               f"{MAX_PAYLOAD_KG:g}) or null")
+    return kg
+
+
 def features(gravity_nm: np.ndarray, inertial_nm: np.ndarray, qdot_radps: np.ndarray,
              qddot_radps2: np.ndarray) -> np.ndarray:
     """Regressors for one period, (N, len(FEATURES)): row j is joint j's."""
@@ -68,15 +95,20 @@ class EffortModel:
     tau_s: float = 0.03
     clip_z: float = 8.0
     joint_scale: np.ndarray | None = None  # None: 1 for every joint (before calibration)
+    #: the F/T tare's payload (kg) the regressors of the fit stood for (None: not recorded); a later
+    #: tare that differs adds the difference's dynamics to the regressors (``TrustTracker.set_payload``)
+    payload_kg: float | None = None
 
     @classmethod
-    def fit(cls, feats: np.ndarray, effort_nm: np.ndarray, tau_s: float = 0.03, clip_z: float = 8.0) -> "EffortModel":
+    def fit(cls, feats: np.ndarray, effort_nm: np.ndarray, tau_s: float = 0.03, clip_z: float = 8.0,
+            payload_kg: float | None = None) -> "EffortModel":
         """Least squares per joint on normal operation (joint scales 1: see ``calibrated``).
 
         Args:
             feats: (T, N, len(FEATURES)) regressors, one row per period.
             effort_nm: (T, N) measured efforts.
             tau_s, clip_z: the signal's smoothing and clip (``EffortSignal``).
+            payload_kg: the tared payload the regressors stood for (None: not known).
         Raises:
             EffortModelError: shapes disagree, values are not finite, or too few periods (< 50).
         """
@@ -93,7 +125,8 @@ class EffortModel:
         for j in range(f.shape[1]):
             coef[j] = np.linalg.lstsq(f[:, j], tau[:, j], rcond=None)[0]
             std[j] = float(np.std(tau[:, j] - f[:, j] @ coef[j]))
-        return cls(coef, np.maximum(std, MIN_RESIDUAL_STD_NM), float(tau_s), float(clip_z))
+        return cls(coef, np.maximum(std, MIN_RESIDUAL_STD_NM), float(tau_s), float(clip_z),
+                   payload_kg=_payload("effort fit", payload_kg))
 
     def calibrated(self, feats: np.ndarray, effort_nm: np.ndarray, dt_s: float, exceedance: float) -> "EffortModel":
         """This model with each joint's scale: the (1 − ``exceedance``) quantile of the joint's
@@ -103,7 +136,7 @@ class EffortModel:
         if biases.shape[0] < 50:
             raise EffortModelError(f"effort scales: {biases.shape[0]} periods of normal operation, need at least 50")
         scale = np.maximum(np.quantile(np.abs(biases), 1.0 - exceedance, axis=0), MIN_JOINT_SCALE)
-        return EffortModel(self.coefficients, self.residual_std_nm, self.tau_s, self.clip_z, scale)
+        return EffortModel(self.coefficients, self.residual_std_nm, self.tau_s, self.clip_z, scale, self.payload_kg)
 
     def z(self, feats: np.ndarray, effort_nm: np.ndarray) -> np.ndarray:
         """Per-joint residual z-scores for one period (feats (N, F), effort (N,))."""
@@ -114,7 +147,8 @@ class EffortModel:
         scale = np.ones(len(self.residual_std_nm)) if self.joint_scale is None else self.joint_scale
         return {"features": list(FEATURES), "coulomb_velocity_radps": COULOMB_VELOCITY_RADPS,
                 "coefficients": self.coefficients.tolist(), "residual_std_nm": self.residual_std_nm.tolist(),
-                "tau_s": self.tau_s, "clip_z": self.clip_z, "joint_scale": np.asarray(scale, dtype=float).tolist()}
+                "tau_s": self.tau_s, "clip_z": self.clip_z, "joint_scale": np.asarray(scale, dtype=float).tolist(),
+                "payload_kg": self.payload_kg}
 
     @classmethod
     def from_dict(cls, doc: object, n_joints: int | None = None) -> "EffortModel":
@@ -145,7 +179,7 @@ class EffortModel:
             raise EffortModelError(f"effort model: joint_scale {scale.tolist()}: expected positive numbers")
         if not (math.isfinite(tau_s) and tau_s > 0 and math.isfinite(clip_z) and clip_z > 0):
             raise EffortModelError(f"effort model: tau_s={tau_s!r}, clip_z={clip_z!r}: expected positive numbers")
-        return cls(coef, std, tau_s, clip_z, scale)
+        return cls(coef, std, tau_s, clip_z, scale, _payload("effort model", doc.get("payload_kg")))
 
 
 class EffortSignal:

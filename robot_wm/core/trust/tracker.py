@@ -28,6 +28,10 @@ own (no command for longer than the timeout, up to two periods after the stream 
 prediction signals: a stall of the command stream is the filter's and the driver's to handle (they
 stop the arm on it), not evidence against the model. ``unjudged`` counts such periods. Without a
 timeout, or before the first command, every period is judged (library mode reports no commands).
+
+A payload the operator declared by a tare (``set_payload``: the safety filter's F/T tare, which the
+node hears on /robot_wm/payload) has the torques of its change from the calibration's tare taken off
+the efforts before the effort model judges them (``effort.py``, "A declared payload").
 numpy + the kinematics (pinocchio); no rclpy.
 """
 from __future__ import annotations
@@ -85,6 +89,31 @@ class TrustTracker:
         self.raw: dict[str, float | None] = {}
         self.last_lag_sums: tuple[float, float, float] | None = None  # of the latest measurement (None: no lag)
         self._last_state: tuple | None = None  # (gravity, inertial, q̇, q̈) of the last measurement with efforts
+        self.payload_kg: float | None = None  # the safety filter's latest tare (None: none given)
+        self.payload_reference_kg: float | None = None  # the tare the effort regressors stand for (None: none)
+        self.payload_delta_kg = 0.0  # payload_kg − payload_reference_kg: its torques are taken off the efforts
+        self.payload_com_m = np.zeros(3)  # where that mass sits, in the tool frame (m)
+        #: the efforts the effort signal judged in the last measurement (the declared payload's change taken off;
+        #: None: none), what a calibration recorded from this tracker must fit
+        self.last_effort_nm: np.ndarray | None = None
+
+    def set_payload(self, payload_kg: float, first_kg: float | None = None) -> float:
+        """The safety filter's F/T tare: the payload now at the tool (kg). Returns the mass whose
+        dynamics (a point mass at the tool) are added to the effort regressors from now on: the
+        payload less the one the effort model was fit with (its ``payload_kg``), or, for a model that
+        does not record one, less ``first_kg`` (the first tare the caller heard: the arm as it was
+        tared at start is taken for the calibration's), or nothing.
+
+        Raises:
+            ValueError: a payload that is not a finite number.
+        """
+        kg = float(payload_kg)
+        if not math.isfinite(kg):
+            raise ValueError(f"payload_kg={payload_kg!r}: expected the tared payload in kg")
+        recorded = None if self.effort_model is None else self.effort_model.payload_kg
+        ref = recorded if recorded is not None else (kg if first_kg is None else float(first_kg))
+        self.payload_kg, self.payload_reference_kg, self.payload_delta_kg = kg, ref, kg - ref
+        return self.payload_delta_kg
 
     @property
     def last_features(self) -> np.ndarray | None:
@@ -181,7 +210,7 @@ class TrustTracker:
                     lag = self.lag.update(*self.last_lag_sums)
         if intervened is not None and self.monitor.level != TrustLevel.FULL:
             intervened = False
-        self._last_state = None
+        self._last_state = self.last_effort_nm = None
         if effort_nm is not None and len(effort_nm) == len(qd) and self._prev is not None:
             t_prev, qd_prev = self._prev
             step = t_s - t_prev
@@ -189,6 +218,10 @@ class TrustTracker:
             if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and finite and math.isfinite(float(tau @ tau)):
                 qdd = (qd - qd_prev) / step
                 self._last_state = (*self.kin.inverse_dynamics_nm(q, qd, qdd), qd, qdd)
+                if self.payload_delta_kg:  # what the declared payload's change needs is not the model's business
+                    g_p, i_p = self.kin.point_mass_torques_nm(q, qd, qdd, self.payload_delta_kg, com_m=self.payload_com_m)
+                    tau = tau - g_p - i_p
+                self.last_effort_nm = tau
                 if self.effort is not None:
                     eff = self.effort.update_state(*self._last_state, tau, step)
         if finite:

@@ -1,0 +1,135 @@
+"""A payload the operator declares by a tare: the trust monitor's effort model takes its torques off
+the efforts it judges (robot_wm.core.trust.effort, "A declared payload"; robot_wm/nodes/trust_payload.py).
+
+Judged by the physics (the point mass against pinocchio's own dynamics with the mass added), by the
+tracker's bookkeeping, in library mode on the embedded arm (a 2.5 kg payload holds the level down
+until the operator re-tares, then FULL comes back with the payload still on), and live: the filter
+publishes its tares and the monitor in the graph takes them.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from robot_wm.core.safety.limits import TrustLevel
+from robot_wm.core.trust import Calibration, EffortModel, EffortModelError, TrustConfig, TrustMonitor
+from robot_wm.core.trust.effort import FEATURES
+from robot_wm.core.trust.tracker import TrustTracker
+
+DT = 0.01
+EFFORT_OVER = re.compile(r"effort_error [0-9.e+-]+ > ")
+
+
+def _kin():
+    from robot_wm import description
+    from robot_wm.core.kinematics import Kinematics
+
+    urdf = description.expand()
+    return Kinematics(urdf, description.joint_limits(urdf).names)
+
+
+KIN = _kin()
+
+
+def _with_mass(kin, mass_kg: float, com_m):
+    """The same arm with the mass added to the tool frame's body, in pinocchio's own model."""
+    import pinocchio as pin
+
+    from robot_wm.core.kinematics import Kinematics
+
+    other = Kinematics.__new__(Kinematics)
+    other.__dict__.update(kin.__dict__)
+    other.model = pin.Model(kin.model)
+    frame = other.model.frames[kin.tool_frame_id]
+    other.model.inertias[frame.parentJoint] = other.model.inertias[frame.parentJoint] + frame.placement.act(
+        pin.Inertia(mass_kg, np.asarray(com_m, dtype=float), np.zeros((3, 3))))
+    other.data = other.model.createData()
+    return other
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-3.0, 3.0), min_size=18, max_size=18), st.floats(0.0, 10.0),
+       st.lists(st.floats(-0.2, 0.2), min_size=3, max_size=3))
+def test_a_point_mass_at_the_tool_adds_what_pinocchio_adds_for_it(x, mass, com):
+    q, v, a = np.array(x[:6]), np.array(x[6:12]), 3.0 * np.array(x[12:])
+    heavy = _with_mass(KIN, mass, com)
+    g0, i0 = KIN.inverse_dynamics_nm(q, v, a)
+    g1, i1 = heavy.inverse_dynamics_nm(q, v, a)
+    g_p, i_p = KIN.point_mass_torques_nm(q, v, a, mass, com_m=com)
+    np.testing.assert_allclose(g_p, g1 - g0, atol=1e-9)
+    np.testing.assert_allclose(i_p, i1 - i0, atol=1e-8)
+
+
+def test_an_effort_models_payload_round_trips_and_a_bad_one_is_named():
+    model = EffortModel(np.ones((6, len(FEATURES))), np.ones(6), payload_kg=0.8)
+    assert EffortModel.from_dict(model.to_dict(), 6).payload_kg == 0.8
+    old = model.to_dict()
+    old.pop("payload_kg")  # a calibration made before payloads were recorded
+    assert EffortModel.from_dict(old, 6).payload_kg is None
+    for bad in ("heavy", float("nan"), 1e4, True):
+        doc = dict(model.to_dict(), payload_kg=bad)
+        with pytest.raises(EffortModelError, match=r"payload_kg=.*expected the tared payload in kg"):
+            EffortModel.from_dict(doc, 6)
+
+
+def _tracker(payload_kg):
+    effort = EffortModel(np.zeros((6, len(FEATURES))), np.ones(6), payload_kg=payload_kg).to_dict()
+    cal = Calibration({"prediction_error": 2.0, "disagreement": 1.0, "intervention": 0.25, "effort_error": 2.0},
+                      1e-3, "wm", "test", 10_000, effort_model=effort)
+    return TrustTracker(TrustMonitor(TrustConfig(), cal), KIN, DT)
+
+
+def test_the_tracker_takes_the_change_from_the_calibrations_payload_off_the_efforts():
+    q, qd0, qd1 = np.array([0.0, -1.2, 1.4, -1.5, -1.5, 0.3]), np.zeros(6), np.array([0.1, -0.2, 0.3, 0.0, 0.1, -0.1])
+    effort = np.array([0.0, 40.0, 12.0, 3.0, 1.0, 0.0])
+    recorded = _tracker(0.8)
+    assert recorded.set_payload(3.3, first_kg=1.5) == pytest.approx(2.5)  # the model's own record wins
+    assert recorded.payload_reference_kg == 0.8
+    recorded.payload_com_m = np.array([0.0, 0.0, 0.05])
+    recorded.measurement(0.0, q, qd0, effort, False)
+    recorded.measurement(DT, q, qd1, effort, False)
+    g_p, i_p = KIN.point_mass_torques_nm(q, qd1, (qd1 - qd0) / DT, 2.5, com_m=[0.0, 0.0, 0.05])
+    np.testing.assert_allclose(recorded.last_effort_nm, effort - g_p - i_p, atol=1e-12)
+    unrecorded = _tracker(None)  # a calibration without a record: the first tare heard stands for its
+    assert unrecorded.set_payload(3.3, first_kg=0.8) == pytest.approx(2.5)
+    assert unrecorded.set_payload(0.8, first_kg=0.8) == 0.0
+    assert _tracker(None).set_payload(3.3) == 0.0  # nothing to compare with: nothing taken off
+    plain = _tracker(None)
+    plain.measurement(0.0, q, qd0, effort, False)
+    plain.measurement(DT, q, qd1, effort, False)
+    np.testing.assert_array_equal(plain.last_effort_nm, effort)
+    with pytest.raises(ValueError, match="payload_kg=nan"):
+        plain.set_payload(float("nan"))
+
+
+@pytest.mark.slow
+def test_in_library_mode_a_payload_holds_the_level_down_until_the_operator_re_tares():
+    """The embedded arm under the whole stack with the shipped calibration: a 2.5 kg payload at 8 s
+    drops the level on the effort signal and keeps it below FULL; the operator's re-tare at 12 s
+    (e-stop, tare at rest, reset: ``operate``'s ``retare_at_s``) declares it, and the level is back
+    at FULL with the payload still on. A calibration made on that run records the tare it stood for."""
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.learning import trust_eval as te
+    from robot_wm.learning.stack_eval import build_stack
+
+    stack, config = build_stack(DT), load_trust_config()[0]
+    cal = calib_io.load(te.default_calibration_path("nominal"))
+    runs = {retare: te.operate("nominal", 24.0, 5, calibration=cal, config=config, stack=stack, fault=("payload", 8.0),
+                               retare_at_s=retare) for retare in (None, 12.0)}
+    for run in runs.values():
+        first = next(e for e in run.events if e[0] >= 8.0)
+        assert first[1] != "FULL" and EFFORT_OVER.search(first[2]), run.events
+    late = runs[None].t_s >= 18.0
+    assert np.mean(runs[None].level[late] == TrustLevel.FULL) < 0.5, runs[None].events
+    assert np.mean(runs[12.0].level[late] == TrustLevel.FULL) >= 0.9, runs[12.0].events
+    effort = runs[12.0].raw["effort_error"]
+    assert np.nanmedian(effort[late]) < 0.2 * cal.thresholds["effort_error"]
+    assert runs[12.0].payload_kg == pytest.approx(0.0, abs=0.05)  # the start-up tare: the profile has no payload
+    made = te.calibrate_run(runs[12.0], 1e-2, load_trust_config()[1].floor_map(), config, model_version="wm", source="t")
+    assert made.effort_model["payload_kg"] == pytest.approx(0.0, abs=0.05)
+
