@@ -254,6 +254,10 @@ def plan(
         if spec.name == TRUST_MONITOR:  # whether the arm is a simulator, the task whose normal operation it knows
             params["simulated_arm"] = hardware in SIMULATED_HARDWARE
             params["task"] = task
+            if hardware == EMBEDDED:  # where its payload's centre of mass sits (a tare measures the mass only)
+                from robot_wm.sim.profiles import load_profile
+
+                params["payload_com_m"] = [float(c) for c in load_profile(params.get("profile", "nominal")).payload_com_m]
         if spec.name in (WORLD_MODEL, SAFETY_FILTER, LEARNER):  # the task's active world model: the same file
             params["task"] = task
         if spec.name == LEARNER:  # never real-time: its training would take the control path's CPU (it runs at nice)

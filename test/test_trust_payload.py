@@ -133,3 +133,73 @@ def test_in_library_mode_a_payload_holds_the_level_down_until_the_operator_re_ta
     made = te.calibrate_run(runs[12.0], 1e-2, load_trust_config()[1].floor_map(), config, model_version="wm", source="t")
     assert made.effort_model["payload_kg"] == pytest.approx(0.0, abs=0.05)
 
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_live_the_filter_publishes_its_tares_and_a_re_tared_payload_brings_full_back(spawn, ros_context):
+    """The whole graph on the embedded arm: the filter's start-up tare is on /robot_wm/payload; a
+    3.5 kg payload from the fault injector drops the monitor's level on the effort signal; the
+    operator's verbs (`robot-wm estop`, `robot-wm tare`, `robot-wm reset`) re-tare with it on, the
+    filter publishes the new tare, and the monitor comes back to FULL carrying the payload."""
+    import subprocess
+    import sys
+    import time
+
+    from geometry_msgs.msg import InertiaStamped
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+
+    from conftest import wait_for
+    from robot_wm import graph
+    from robot_wm.msg import TrustState
+    from robot_wm.nodes.runner import SpinThread
+    from robot_wm.nodes.trust_payload import PAYLOAD_QOS, PAYLOAD_TOPIC
+    from robot_wm.process_group import command_for
+    from robot_wm.srv import InjectFault
+
+    specs = [s for s in graph.plan("mujoco", overrides={"profile": "nominal"}, enable=True) if not s.needs_ros_install]
+    procs = {s.name: spawn(command_for(s)) for s in specs}
+    node = Node("test_payload_client", context=ros_context)
+    states, payloads = [], []
+    node.create_subscription(TrustState, "/robot_wm/trust", states.append, 50)
+    node.create_subscription(InertiaStamped, PAYLOAD_TOPIC, payloads.append, PAYLOAD_QOS)
+    executor = SingleThreadedExecutor(context=ros_context)
+    executor.add_node(node)
+    spinner = SpinThread(executor)
+
+    def stamp(msg) -> float:
+        return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+
+    def level_since(t0, pred):
+        return any(stamp(s) >= t0 and pred(s) for s in list(states))
+
+    def verb(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "robot_wm.cli", *args, "--timeout", "20"], capture_output=True,
+                              text=True, timeout=60)
+
+    try:
+        assert wait_for(lambda: level_since(0, lambda s: s.level == 0), 90.0), procs["trust_monitor"].output()[-3000:]
+        assert payloads and abs(payloads[-1].inertia.m) < 0.2 and payloads[-1].header.frame_id == "ft_sensor_link", payloads
+        t_fault = time.time()
+        client = node.create_client(InjectFault, "/arm_sim/inject_fault")
+        assert client.wait_for_service(timeout_sec=10.0)
+        future = client.call_async(InjectFault.Request(kind="payload", payload_kg=3.5))
+        assert wait_for(future.done, 10.0) and future.result().success
+        assert wait_for(lambda: level_since(t_fault, lambda s: s.level >= 1 and EFFORT_OVER.search(s.reason)), 30.0), \
+            procs["trust_monitor"].output()[-3000:]
+        # the operator: e-stop, re-tare at rest (nothing touching the tool), reset
+        assert verb("estop").returncode == 0
+        tare = verb("tare")
+        assert tare.returncode == 0, tare.stdout + tare.stderr
+        assert wait_for(lambda: payloads and payloads[-1].inertia.m > 3.0, 30.0), (payloads, procs["safety_filter"].output()[-2000:])
+        assert abs(payloads[-1].inertia.m - 3.5) < 0.3, payloads[-1]
+        assert wait_for(lambda: verb("reset").returncode == 0, 60.0, poll_s=1.0), procs["safety_filter"].output()[-2000:]
+        t_reset = time.time()
+        assert wait_for(lambda: level_since(t_reset, lambda s: s.level == 0), 60.0), \
+            procs["trust_monitor"].output()[-3000:] + str([(s.level, s.reason) for s in states[-3:]])
+        log = procs["trust_monitor"].output()
+        assert "payload tared at 3." in log and "Traceback" not in log, log[-3000:]
+    finally:
+        spinner.stop()
+        executor.remove_node(node)
+        node.destroy_node()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from geometry_msgs.msg import WrenchStamped
+from geometry_msgs.msg import InertiaStamped, WrenchStamped
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.context import Context
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
@@ -60,6 +60,7 @@ from robot_wm.nodes.model_swap import retire
 _DIGITS = re.compile(r"[0-9][0-9.e+-]*")  # the numbers in a stop's reason (ages, values)
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
+from robot_wm.nodes.trust_payload import PAYLOAD_QOS, PAYLOAD_TOPIC
 
 _DIAG_LEVEL = {FilterState.OK: DiagnosticStatus.OK, FilterState.FILTERING: DiagnosticStatus.OK,
                FilterState.STOPPING: DiagnosticStatus.WARN, FilterState.STOPPED: DiagnosticStatus.WARN,
@@ -157,6 +158,8 @@ class SafetyFilterNode(ControlNode):
         self._cmd_pub = self.create_publisher(Float64MultiArray, self.command_topic, 10)
         self._status_pub = self.create_publisher(SafetyStatus, "/robot_wm/safety_status", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._payload_pub = self.create_publisher(InertiaStamped, PAYLOAD_TOPIC, PAYLOAD_QOS)
+        self._tare_published = None  # the tare last published on PAYLOAD_TOPIC
         self._nominal: NominalSample | None = None
         self._wrench: WrenchSample | None = None
         self._trust: TrustSample | None = None
@@ -438,6 +441,13 @@ class SafetyFilterNode(ControlNode):
         msg.fault_kind = out.fault_kind.value if out.fault_kind is not None else ""
         msg.latches = list(out.latches)
         self._status_pub.publish(msg)
+        tare = self.controller.tare.tare
+        if tare is not None and tare is not self._tare_published:  # a new tare: what the trust monitor's effort model needs
+            self._tare_published = tare
+            payload = InertiaStamped()
+            payload.header.stamp, payload.header.frame_id = msg.header.stamp, self.ft_frame
+            payload.inertia.m = float(tare.payload_kg)  # the mass only: one pose does not give the centre of mass
+            self._payload_pub.publish(payload)
 
     def _send_zero(self) -> None:
         self._cmd_pub.publish(Float64MultiArray(data=[0.0] * len(self.joint_names)))

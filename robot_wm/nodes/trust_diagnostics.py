@@ -29,6 +29,7 @@ def diagnostic_values(monitor, level: int, score: float, ratios: dict | None) ->
         values["calibration_model_version"] = monitor.calibration.model_version
         values["calibration_source"] = monitor.calibration.source
         values.update({f"calibration_{k}": f"{v:.4g}" for k, v in monitor.calibration.thresholds.items()})
+    values.update(monitor._payload.diagnostics(monitor.tracker))
     if monitor._refresh is not None:
         values["calibration_refresh"] = (f"{monitor._refresh.collected} of {monitor._refresh.periods} normal periods "
                                          f"({monitor._refresh.skipped} skipped)")

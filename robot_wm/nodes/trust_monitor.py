@@ -19,6 +19,8 @@ MIXED -> HUMAN (the operator standing by), an operator's take-over in REAL -> MI
 (``simulated_arm`` false) a policy still in SIM is held at STOP. When it holds the arm for a human it
 says so on /robot_wm/intervention/requests (robot_wm/msg/InterventionRequest); while an operator
 has taken over (/robot_wm/intervention/state) it publishes SLOW: teleoperation at reduced limits.
+A payload the operator tares (the filter's /robot_wm/payload) is taken off the efforts the effort
+model judges (``trust_payload``): a declared payload does not hold the arm at SLOW.
 
 Fail-safe: without a usable calibration for the running world model (missing file, another model's
 calibration), without predictions or without joint states it publishes STOP with the reason, so
@@ -49,6 +51,7 @@ from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 from robot_wm.nodes.trust_diagnostics import diagnostic_values
 from robot_wm.nodes.trust_live_calibration import LiveCalibration
+from robot_wm.nodes.trust_payload import DeclaredPayload
 from robot_wm.nodes.trust_phases import STATUS_FRESH_S, PhaseOperations
 from robot_wm.nodes.trust_swap import RollbackGuard, calibration_for, declare_rollback
 
@@ -122,6 +125,7 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
                                                              "promotion criterion (config/trust.yaml)", read_only=True)
         self.phases = None  # robot_wm.core.trust.phase.PhaseMachine (configured)
         self._rollback_config = declare_rollback(self)
+        self._payload = DeclaredPayload(self)  # the filter's tares, for the effort model (trust_payload)
         self._rollback = None  # trust_swap.RollbackGuard (configured)
         self._intervention = False
         self._episodes = self._episodes_ignored = 0
@@ -470,6 +474,7 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
             mon.human_on_anomaly = self._config.human_on_anomaly or self._demotion.human_on_anomaly(
                 Phase(self.phases.phase), mon.level)
         started, cpu = time.perf_counter(), time.thread_time()
+        self._payload.apply(self.tracker)
         self._out = self.tracker.measurement(sample[0], sample[1], sample[2], effort, intervened)
         if self.tracker.unjudged > self._unjudged_seen:  # (the filter's process stalled, or the stream broke)
             self._unjudged_seen = self.tracker.unjudged
