@@ -552,8 +552,10 @@ def plot(path: Path, t, err, updates, t0, t_jump, doc) -> None:
     if doc.get("operator_recoveries"):
         ax.fill_between([], [], color="C5", alpha=0.15, label="operator in control (jog)")
     rec = doc.get("recovery_s")
-    ax.set_title(f"online adaptation on {doc['profile']}: velocity error back within 1.2x "
-                 + (f"{rec:.0f} s after the jump" if rec is not None else "not within the run"))
+    ax.set_title(f"online adaptation on {doc['profile']}: velocity error "
+                 + (f"back within 1.2x {rec:.0f} s after the jump" if rec is not None else
+                    "not back within 1.2x within the run" if doc.get("error_rose_s") is not None else
+                    "never above 1.2x the level before the jump"))
     ax.set_xlabel("s from the jump")
     ax.set_ylabel("RMS one-step qdot error, mrad/s")
     ax.legend(loc="upper right", fontsize=8)

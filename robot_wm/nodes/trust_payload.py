@@ -25,6 +25,8 @@ from robot_wm.nodes.params import declare
 #: in ``header.frame_id`` (the F/T frame); the centre of mass and inertia are not measured (zero).
 #: Latched (transient local): a trust monitor started later hears the tare in force.
 PAYLOAD_TOPIC = "/robot_wm/payload"
+#: a change of the declared payload smaller than this is not logged again (kg)
+LOG_CHANGE_KG = 0.1
 PAYLOAD_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
@@ -46,6 +48,7 @@ class DeclaredPayload:
         self._heard: tuple[float, str] | None = None  # (kg, frame) of the latest tare
         self.first_kg: float | None = None  # the first tare heard (this process)
         self._applied: tuple | None = None  # (tracker, kg) last given
+        self._logged: float | None = None  # the change from the calibration's tare last logged (kg)
         self.problem: str | None = None  # the latest message refused, for the diagnostics
         node.create_subscription(InertiaStamped, PAYLOAD_TOPIC, self._on_payload, PAYLOAD_QOS)
 
@@ -75,7 +78,9 @@ class DeclaredPayload:
         self._applied = (tracker, heard[0])
         tracker.payload_com_m = self.com_m
         delta = tracker.set_payload(heard[0], first)
-        if delta:
+        # the filter takes a tare every 0.3 s while it rests latched: one line per change an operator would see
+        if self._logged is None or abs(delta - self._logged) >= LOG_CHANGE_KG:
+            self._logged = delta
             self._node.get_logger().info(
                 f"payload tared at {heard[0]:.2f} kg ({heard[1] or 'F/T frame'}): the effort model takes the torques of "
                 f"{delta:+.2f} kg at {self.com_m} m in the tool frame off the efforts it judges")
