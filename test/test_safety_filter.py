@@ -1041,3 +1041,39 @@ def test_a_solved_inaccurate_answer_is_used_only_when_it_passes_the_post_check(l
     bad = f.filter(FilterInput(HOME, np.zeros(6), np.full(6, 3.0), u_prev_radps=np.zeros(6)))
     assert bad.state == FilterState.FAULT and bad.fault_kind == FaultKind.SOLVER and "non-finite" in bad.reason
     assert np.all(np.isfinite(bad.u_safe_radps)) and np.allclose(bad.u_safe_radps, 0.0)
+
+
+def test_an_unconverged_qp_gives_its_last_iterate_only_when_it_keeps_every_row(limits, kin):
+    """ADMM out of its budget (OSQP's iteration or time limit; here 15 iterations instead of 4,000,
+    so that it happens often): the last iterate is commanded only when it keeps every row at its
+    true bound, hard and soft; every other such period is a controlled stop. Over hostile random
+    states (near limits, obstacles, moving, a lagging world model, nominals up to 3 x the speed
+    limits), no FILTERING command of either kind misses a row, and both outcomes occur."""
+    f = SafetyFilter(limits, kin, DT, osqp_settings={"max_iter": 15, "time_limit": 1e10})
+    lo, hi = np.asarray(limits.lower_rad), np.asarray(limits.upper_rad)
+    v_max = np.asarray(limits.vel_max_radps)
+    rng = np.random.default_rng(11)
+    used = stopped = 0
+    for _ in range(600):
+        q = np.clip(HOME + rng.uniform(-1.5, 1.5, 6), lo + 0.01, hi - 0.01)
+        qd = rng.uniform(-0.8, 0.8, 6) * v_max
+        nominal = rng.uniform(-3.0, 3.0, 6) * v_max
+        f.reset()
+        out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd, model=_lagged_model(q, qd, nominal, sigma=1e-4)))
+        spent = "max iter reached" in (out.reason + out.solver_status_text)
+        if out.state == FilterState.FAULT and spent:
+            stopped += 1
+            assert "its last iterate exceeds" in out.reason or "post-check" in out.reason, out.reason
+            continue
+        if out.state != FilterState.FILTERING:
+            continue
+        n, lay = f.n, f.layout
+        val = f._A[:, :n] @ out.u_safe_radps
+        rows = slice(0, lay.soft.stop) if spent else lay.hard  # a solution may use its slack on soft rows
+        over = np.maximum(f._l[rows] - val[rows], val[rows] - f._u[rows])
+        assert over.max() <= TOL, (f.row_names[int(np.argmax(over))], over.max(), out.reason)
+        if spent:
+            used += 1
+            assert "passed the post-check" in out.reason and out.max_slack == 0.0, out.reason
+    print(f"{used} last iterates used, {stopped} stops")
+    assert used >= 10 and stopped >= 1, (used, stopped)

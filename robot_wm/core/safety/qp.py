@@ -32,10 +32,11 @@ from robot_wm.contracts import STATE_LAYOUT
 from robot_wm.core.safety import speed as speed_polytope
 from robot_wm.core.safety.barriers import Workspace, accel_box, brake_speed
 from robot_wm.core.safety.layout import RowLayout
-from robot_wm.core.safety.report import active_names, slack_record
+from robot_wm.core.safety.report import active_names, slack_record, unkept_soft_row
 from robot_wm.core.safety.limits import SafetyLimits
 from robot_wm.core.safety.types import (
     QpSnapshot,
+    OSQP_BUDGET_SPENT,
     OSQP_INFEASIBLE,
     OSQP_SOLVED,
     OSQP_SOLVED_INACCURATE,
@@ -551,7 +552,8 @@ class SafetyFilter:
         solve_time = time.perf_counter() - t0
         text = solver_status_text(status)
         extra = dict(solver_status=status, solver_status_text=text, iterations=iters, solve_time_s=solve_time)
-        if status not in (OSQP_SOLVED, OSQP_SOLVED_INACCURATE):
+        spent = status in OSQP_BUDGET_SPENT and res.x is not None
+        if status not in (OSQP_SOLVED, OSQP_SOLVED_INACCURATE) and not spent:
             if status in OSQP_INFEASIBLE:
                 return self._stop(FilterState.STOPPING, f"infeasible: QP {text}", u_prev, u_nom_raw, **extra)
             return self._stop(FilterState.FAULT, f"solver: {text} after {iters} iterations", u_prev, u_nom_raw,
@@ -570,10 +572,13 @@ class SafetyFilter:
             i = int(np.argmax(viol))
             return self._stop(FilterState.FAULT, f"post-check failed: {self.row_names[hard[i]]} violated by {viol[i]:.3g}",
                               u_prev, u_nom_raw, kind=FaultKind.POSTCHECK, **extra)
+        if status == OSQP_SOLVED_INACCURATE or spent:  # safe (post-checked), maybe further from the nominal than optimal
+            # the last iterate of a slow ADMM run: used only when it keeps the soft rows too (report.py)
+            if unkept := (unkept_soft_row(self, val, self.POSTCHECK_TOL) if spent else ""):
+                return self._stop(FilterState.FAULT, f"solver: {text} after {iters} iterations (its last iterate "
+                                  f"{unkept})", u_prev, u_nom_raw, kind=FaultKind.SOLVER, **extra)
+            note = "; ".join(filter(None, (note, f"QP {text} after {iters} iterations, passed the post-check")))
         slack = slack_record(self, u, val)
-        if status == OSQP_SOLVED_INACCURATE:  # safe (post-checked), possibly further from the nominal than optimal
-            note = f"{note}; QP solved inaccurate after {iters} iterations, passed the post-check" if note else \
-                f"QP solved inaccurate after {iters} iterations, passed the post-check"
         return FilterOutput(
             u_safe_radps=u, state=FilterState.FILTERING, reason=note, active_constraints=active_names(self, val),
             intervention_norm=float(np.linalg.norm(u - u_nom_raw)), max_slack=max(slack.values()), slack=slack,

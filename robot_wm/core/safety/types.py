@@ -109,6 +109,9 @@ OSQP_SOLVED = 1
 #: accepted only when it passes the post-check at the true hard bounds, like every solution.
 OSQP_SOLVED_INACCURATE = 2
 OSQP_INFEASIBLE = (3, 4)
+#: OSQP spent its budget (OSQP_MAX_ITER_REACHED, OSQP_TIME_LIMIT_REACHED): its last iterate is used only
+#: when it keeps every row, hard and soft, as a solution would (``SafetyFilter._solve``); else a stop.
+OSQP_BUDGET_SPENT = (7, 8)
 
 
 def solver_status_text(status: int) -> str:
