@@ -30,9 +30,11 @@ The smoothing and the clip the scales were made with are part of the model (``ta
 **A declared payload.** A payload the operator mounts and tares (the safety filter's F/T tare,
 ``robot-wm tare``) is no anomaly, but the model of normal operation does not know its mass: the
 effort signal stays over its threshold and the arm at SLOW until a new calibration. So a model
-records the tared payload its data stood for (``payload_kg``), and the tracker adds the dynamics of
-the difference to the URDF's regressors (a point mass at the tool: its gravity and inertial
-torques, ``Kinematics.point_mass_torques_nm``); the coefficients stay the fit's. A payload that is
+records the tared payload its data stood for (``payload_kg``), and the tracker takes the torques of
+the difference off the measured efforts (a point mass at the tool: its gravity and inertial
+torques, ``Kinematics.point_mass_torques_nm``) before they are judged; the coefficients stay the
+fit's (adding them to the regressors instead would scale them by the fitted gravity coefficients,
+which absorb the arm's own unmodelled masses: real_twin's wrist_2 has 5.2). A payload that is
 not tared (picked up while running) changes nothing here: it is still seen. numpy + the kinematics.
 """
 from __future__ import annotations
@@ -95,8 +97,8 @@ class EffortModel:
     tau_s: float = 0.03
     clip_z: float = 8.0
     joint_scale: np.ndarray | None = None  # None: 1 for every joint (before calibration)
-    #: the F/T tare's payload (kg) the regressors of the fit stood for (None: not recorded); a later
-    #: tare that differs adds the difference's dynamics to the regressors (``TrustTracker.set_payload``)
+    #: the F/T tare's payload (kg) the data of the fit stood for (None: not recorded); the torques of a
+    #: later tare's difference are taken off the efforts judged (``TrustTracker.set_payload``)
     payload_kg: float | None = None
 
     @classmethod

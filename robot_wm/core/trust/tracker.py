@@ -99,10 +99,11 @@ class TrustTracker:
 
     def set_payload(self, payload_kg: float, first_kg: float | None = None) -> float:
         """The safety filter's F/T tare: the payload now at the tool (kg). Returns the mass whose
-        dynamics (a point mass at the tool) are added to the effort regressors from now on: the
-        payload less the one the effort model was fit with (its ``payload_kg``), or, for a model that
-        does not record one, less ``first_kg`` (the first tare the caller heard: the arm as it was
-        tared at start is taken for the calibration's), or nothing.
+        gravity and inertial torques (a point mass at ``payload_com_m`` in the tool frame) are taken
+        off the measured efforts from now on: the payload less the one the effort model was fit with
+        (its ``payload_kg``), or, for a model that does not record one, less ``first_kg`` (the first
+        tare the caller heard: the arm as it was tared at start is taken for the calibration's), or
+        nothing.
 
         Raises:
             ValueError: a payload that is not a finite number.
