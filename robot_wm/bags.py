@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -50,10 +51,13 @@ TOPICS: dict[str, str] = {
     "/robot_wm/trust": "robot_wm/msg/TrustState",
     "/robot_wm/intervention/state": "robot_wm/msg/InterventionState",
     "/robot_wm/episodes": "robot_wm/msg/EpisodeResult",
+    "/robot_wm/payload": "geometry_msgs/msg/InertiaStamped",
 }
 STATES_TOPIC = "/joint_states"
 COMMAND_TOPIC = "/forward_velocity_controller/commands"
 STATUS_TOPIC = "/robot_wm/safety_status"
+#: the safety filter's F/T tares (latched): a bag carries the one in force, for its calibration's effort model
+PAYLOAD_TOPIC = "/robot_wm/payload"
 #: what a bag must hold to be a demonstration at all (the loader's training input)
 REQUIRED_TOPICS = (STATES_TOPIC, COMMAND_TOPIC)
 #: the task's target: one of these per task
@@ -167,6 +171,13 @@ class Messages:
         v = self.t["geometry_msgs/msg/Vector3"]
         w = self.t["geometry_msgs/msg/Wrench"](force=v(*map(float, force)), torque=v(*map(float, torque)))
         return self.t["geometry_msgs/msg/WrenchStamped"](header=_header(t_ns, frame), wrench=w)
+
+    def payload(self, t_ns: int, frame: str, mass_kg: float):
+        """A tare as the safety filter publishes it: the mass only."""
+        v = self.t["geometry_msgs/msg/Vector3"](0.0, 0.0, 0.0)
+        inertia = self.t["geometry_msgs/msg/Inertia"](m=float(mass_kg), com=v, ixx=0.0, ixy=0.0, ixz=0.0, iyy=0.0,
+                                                      iyz=0.0, izz=0.0)
+        return self.t["geometry_msgs/msg/InertiaStamped"](header=_header(t_ns, frame), inertia=inertia)
 
     def point(self, t_ns: int, frame: str, p):
         return self.t["geometry_msgs/msg/PointStamped"](
@@ -295,6 +306,8 @@ class Episode:
     #: SafetyStatus header stamps, moved onto the bag's clock like the joint states': the filter stamps one
     #: with each command it sends, so these are the commands' send times (a recorder's stall does not move them)
     status_stamp_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the safety filter's tare in force (the last /robot_wm/payload in the bag, kg; None: none recorded)
+    payload_kg: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -377,12 +390,14 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
     topics: dict[str, int] = {}
     st_t, st_log, st_q, st_v, st_e, cmd_t, cmd_v, ref, goals = [], [], [], [], [], [], [], [], []
     status_t, status_state, status_stamp = [], [], []
+    payload_kg = None
     try:
         with Reader(path) as reader:
             for conn in reader.connections:
                 topics[conn.topic] = topics.get(conn.topic, 0) + conn.msgcount
             wanted = [c for c in reader.connections if c.topic in TOPICS and c.topic in
-                      (STATES_TOPIC, COMMAND_TOPIC, TARGET_TOPICS["track"], TARGET_TOPICS["reach"], STATUS_TOPIC)]
+                      (STATES_TOPIC, COMMAND_TOPIC, TARGET_TOPICS["track"], TARGET_TOPICS["reach"], STATUS_TOPIC,
+                       PAYLOAD_TOPIC)]
             for conn, t_ns, raw in reader.messages(connections=wanted):
                 msg = store.deserialize_cdr(raw, conn.msgtype)
                 if conn.topic == STATES_TOPIC:
@@ -405,6 +420,11 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
                                        f"expected {len(names)}")
                     cmd_t.append(t_ns)
                     cmd_v.append(data)
+                elif conn.topic == PAYLOAD_TOPIC:
+                    mass = float(msg.inertia.m)
+                    if not (math.isfinite(mass) and abs(mass) <= 100.0):
+                        raise BagError(f"{path}: {PAYLOAD_TOPIC} at {t_ns} ns has mass {mass!r} kg (a tare: |m| <= 100)")
+                    payload_kg = mass
                 elif conn.topic == STATUS_TOPIC:
                     status_t.append(t_ns)
                     status_state.append(int(msg.state))
@@ -444,7 +464,7 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
                    np.asarray(cmd_t, np.int64)[cmd_order],
                    np.asarray(cmd_v, float).reshape(-1, len(names))[cmd_order], ref, goals, bag_sha256(path),
                    np.asarray(status_t, np.int64), np.asarray(status_state, np.int64),
-                   np.asarray(status_stamp, np.int64) + offset)
+                   np.asarray(status_stamp, np.int64) + offset, payload_kg)
 
 
 def _order(msg_names: list[str], names: list[str], path: Path) -> np.ndarray:

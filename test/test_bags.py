@@ -98,6 +98,10 @@ def test_rosbags_reads_every_topic_and_the_metadata(recorded):
     assert 0.0 <= decoded["/robot_wm/trust"].score <= 1.0
     assert decoded["/robot_wm/episodes"].task == "track"
     assert len(decoded["/robot_wm/reference"].points) >= 50
+    # the filter's start-up tare: real_twin's 0.8 kg gripper (the tare splits off the sensor's bias along gravity)
+    assert decoded["/robot_wm/payload"].header.frame_id == "ft_sensor_link"
+    assert 0.6 < decoded["/robot_wm/payload"].inertia.m < 1.1
+    assert bags.read_episode(paths[0]).payload_kg == pytest.approx(decoded["/robot_wm/payload"].inertia.m, abs=0.1)
 
 
 def test_inspect_summarizes_and_the_cli_prints_it(recorded, capsys):
@@ -245,6 +249,8 @@ def test_trust_calibration_from_recorded_operation(recorded, tmp_path):
     assert again.model_version == cal.model_version and again.model_version.startswith("wm-")
     assert all(np.isfinite(v) and v > 0 for v in again.thresholds.values()), again.thresholds
     assert again.source.startswith("bags:")
+    # the effort model records the tare the bags carried (the trust monitor compares later tares with it)
+    assert 0.6 < again.effort_model["payload_kg"] < 1.1
 
 
 def test_a_replayed_period_with_no_command_sent_is_not_judged_as_the_node_does_not(tmp_path):

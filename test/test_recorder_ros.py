@@ -73,7 +73,9 @@ def test_recorder_writes_one_bag_per_episode_of_the_running_stack(spawn, ros_con
         rate = in_bag / ep.meta.duration_s
         assert 20 < rate < 1.12 * nominal_hz, f"{topic} at {rate:.0f} Hz in the bag (published at {nominal_hz} Hz)"
     assert {"/robot_wm/safety_status", "/robot_wm/trust", "/robot_wm/reference", "/robot_wm/action_nominal",
-            "/robot_wm/wrench", "/robot_wm/episodes"} <= set(ep.topics)
+            "/robot_wm/wrench", "/robot_wm/episodes", bags.PAYLOAD_TOPIC} <= set(ep.topics)
+    # the filter's start-up tare, taken before the episode, is in every bag (nominal: no tool mass)
+    assert all(abs(bags.read_episode(p).payload_kg) < 0.2 for p in recorder.written)
     # the arm moved along the path in the data the loader gives the trainer
     assert np.ptp(data.tool_m[0], axis=0).max() > 0.03
     assert np.abs(data.action_radps).max() > 0.05

@@ -37,13 +37,16 @@ def needed_seconds(exceedance: float, dt_s: float = 0.01, settle_s: float = 3.0)
 
 
 def replay_run(directory: Path, world_model_path: Path, config, *, task: str | None = None,
-               skipped: list[str] | None = None, command_timeout_s: float | None = None):
+               skipped: list[str] | None = None, command_timeout_s: float | None = None,
+               payload_com_m=(0.0, 0.0, 0.0)):
     """The monitor's signals over every episode of ``directory`` (a ``trust_eval.Run``, episodes
     back to back on one clock). With ``skipped``, an episode the loader refuses (a hole in its
     joint states) is left out and its reason appended there; without, it raises. With
     ``command_timeout_s`` (the hardware's), a period no command was sent for that long before (by
     the SafetyStatus stamps, one per command sent) is not judged, as the node does not judge it: the
-    driver stopped the arm then, while the replay holds the last command."""
+    driver stopped the arm then, while the replay holds the last command. A bag's tare (``Episode.payload_kg``)
+    goes to the tracker as the node's does (``payload_com_m``: the trust monitor's parameter); the
+    calibration's effort model then records the first episode's."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety.types import FilterState
@@ -64,6 +67,7 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
         raise bags.BagError(f"{directory}: no demonstration bags")
     rec = RunRecorder(len(names))
     clock = 0.0
+    first_payload = None  # the first episode's tare: the one the effort regressors stand for
     version = None
     for path in complete:
         ep = bags.read_episode(path, names)
@@ -86,6 +90,10 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
         version = runner.version
         cal = _recording_calibration(runner.version)
         tracker = TrustTracker(TrustMonitor(config, cal), kin, dt, command_timeout_s=command_timeout_s or None)
+        if ep.payload_kg is not None:  # the filter's tare in force: the efforts are judged as the node judges them
+            first_payload = ep.payload_kg if first_payload is None else first_payload
+            tracker.payload_com_m = np.asarray(payload_com_m, dtype=float)
+            tracker.set_payload(ep.payload_kg, first_payload)
         sent = np.sort(clock + (ep.status_stamp_ns - ep.meta.start_ns) * 1e-9)  # the commands' send times, replay clock
         fed = 0
         for k in range(steps + 1):

@@ -89,6 +89,11 @@ class LibraryRecorder:
             self.next_ref_s = t + REFERENCE_PERIOD_S
         self.end_ns = ns
 
+    def payload(self, t: float, mass_kg: float, frame: str) -> None:
+        """A tare the filter took (start-up, re-tare): what the safety filter node publishes."""
+        ns = self.ns(t)
+        self.w.write(bags.PAYLOAD_TOPIC, ns, self.m.payload(ns, frame, mass_kg))
+
     def _target(self, t: float, ns: int) -> None:
         """The sequencer's message: the reference window from now (held at the start before the
         task's clock runs) or the goal."""

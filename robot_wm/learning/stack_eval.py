@@ -319,6 +319,7 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
     sim_steps = int(round(dt / sim.dt_s))
     t = 0.0
     ctrl = slew = None
+    recorded_tare = [None]  # the filter's tare last given to the recorder
     if wm is not None:
         wm.reset()
         ctrl = SafetyController(built.limits, kin, cfg, model=wm)
@@ -339,6 +340,11 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
                 trace.append(PeriodTrace(i, t, js.position_rad, js.velocity_radps, np.array(force), np.array(nominal),
                                          nominal_stamp, np.array(command), False))
         if recorder is not None:
+            tare = None if ctrl is None else ctrl.tare.tare  # a fresh tare: the filter's /robot_wm/payload
+            if tare is None or recorded_tare[0] is None:
+                recorded_tare[0] = tare
+                if tare is not None and hasattr(recorder, "payload"):
+                    recorder.payload(t, tare.payload_kg, cfg.ft_frame)
             recorder.period(t, js, force, torque, nominal, command, res)
         sim.set_command(command)
         sim.step(sim_steps)

@@ -14,6 +14,9 @@ length) writes the messages from ``preroll_s`` before the episode's start to its
 * ``models``: the policy's version (the policy node's parameters and the model's sidecar) and the
   world model's (``model_version`` of /robot_wm/prediction).
 
+The safety filter's tare in force (the latest ``/robot_wm/payload``, latched) goes into every bag,
+also when it was taken long before the episode: a calibration from the bags needs it.
+
 An episode whose window is not fully in the buffer (the recorder started in the middle of it) is
 skipped with a message, not written short.
 """
@@ -58,6 +61,7 @@ class DemoRecorder(Node):
         self.first_ns: int | None = None
         self.lock = threading.Lock()
         self.written: list[Path] = []
+        self.payload: tuple | None = None  # (topic, receive ns, raw) of the latest /robot_wm/payload
         self.skipped: list[str] = []
         self.done = threading.Event()
         self.world_model_version = ""
@@ -68,7 +72,7 @@ class DemoRecorder(Node):
         reliable = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE)
         latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
         for topic, msgtype in bags.TOPICS.items():
-            qos = latched if topic == "/robot_wm/intervention/state" else reliable
+            qos = latched if topic in ("/robot_wm/intervention/state", bags.PAYLOAD_TOPIC) else reliable
             self.create_subscription(_msg_class(msgtype), topic, self._keeper(topic), qos, raw=True)
         from robot_wm.msg import WorldModelPrediction
 
@@ -91,6 +95,8 @@ class DemoRecorder(Node):
                 if self.first_ns is None:
                     self.first_ns = now
                 self.buffer.append((topic, now, bytes(data)))
+                if topic == bags.PAYLOAD_TOPIC:  # the tare in force: every bag carries it (it is published rarely)
+                    self.payload = (topic, now, bytes(data))
                 while self.buffer and self.buffer[0][1] < now - self.buffer_ns:
                     self.buffer.popleft()
             if topic == "/robot_wm/episodes":
@@ -140,6 +146,8 @@ class DemoRecorder(Node):
         with self.lock:
             # up to this EpisodeResult itself (received after its stamp)
             window = [m for m in self.buffer if start_ns - PREROLL_S * 1e9 <= m[1] <= max(end_ns, received_ns)]
+            if self.payload is not None and self.payload[1] < start_ns - PREROLL_S * 1e9:
+                window.insert(0, self.payload)  # taken before the episode: still the one in force
             first = self.first_ns
             oldest = self.buffer[0][1] if self.buffer else None
         name = f"{self.task}_{self.robot}_{result.index:04d}"
