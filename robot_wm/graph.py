@@ -254,7 +254,7 @@ def plan(
         if spec.name == TRUST_MONITOR:  # whether the arm is a simulator, the task whose normal operation it knows
             params["simulated_arm"] = hardware in SIMULATED_HARDWARE
             params["task"] = task
-            if hardware == EMBEDDED:  # where its payload's centre of mass sits (a tare measures the mass only)
+            if hardware == EMBEDDED and "payload_com_m" not in (overrides or {}):  # (a tare measures the mass only)
                 from robot_wm.sim.profiles import load_profile
 
                 params["payload_com_m"] = [float(c) for c in load_profile(params.get("profile", "nominal")).payload_com_m]

@@ -98,12 +98,89 @@ def test_the_tracker_takes_the_change_from_the_calibrations_payload_off_the_effo
     assert unrecorded.set_payload(3.3, first_kg=0.8) == pytest.approx(2.5)
     assert unrecorded.set_payload(0.8, first_kg=0.8) == 0.0
     assert _tracker(None).set_payload(3.3) == 0.0  # nothing to compare with: nothing taken off
+    # within the deadband (a tare's mass carries the sensor bias along gravity at its pose): no change
+    assert recorded.set_payload(0.8 + 0.9 * TrustTracker.PAYLOAD_DEADBAND_KG) == 0.0
+    assert recorded.set_payload(0.8 - 1.1 * TrustTracker.PAYLOAD_DEADBAND_KG) < 0.0
     plain = _tracker(None)
     plain.measurement(0.0, q, qd0, effort, False)
     plain.measurement(DT, q, qd1, effort, False)
     np.testing.assert_array_equal(plain.last_effort_nm, effort)
     with pytest.raises(ValueError, match="payload_kg=nan"):
         plain.set_payload(float("nan"))
+
+
+
+def test_the_monitors_payload_input_refuses_what_no_tare_is_and_gives_each_new_tracker_the_last(ros_context):
+    """DeclaredPayload in a node of its own (no spinning: its callback is called as the executor would):
+    a NaN, an absurd mass or a message without the F/T frame is refused, named, and the last tare kept;
+    the latest tare goes to the tracker on the period thread once, and again to a new tracker (a live
+    calibration's); the first tare heard is the reference of a calibration that records none."""
+    from geometry_msgs.msg import InertiaStamped
+    from rclpy.node import Node
+
+    from robot_wm.nodes.trust_payload import DeclaredPayload
+
+    node = Node("payload_test", context=ros_context)
+    try:
+        declared = DeclaredPayload(node)
+
+        def tare(kg, frame="ft_sensor_link"):
+            msg = InertiaStamped()
+            msg.header.frame_id, msg.inertia.m = frame, kg
+            declared._on_payload(msg)
+
+        tracker = _tracker(None)
+        declared.apply(tracker)  # nothing heard yet: nothing given
+        assert tracker.payload_kg is None and declared.diagnostics(tracker)["payload"].startswith("no tare heard")
+        tare(0.9)
+        declared.apply(tracker)
+        assert tracker.payload_kg == 0.9 and tracker.payload_delta_kg == 0.0 and declared.first_kg == 0.9
+        for bad, frame in ((float("nan"), "ft_sensor_link"), (1e3, "ft_sensor_link"), (3.4, "")):
+            tare(bad, frame)
+            assert "refused" in declared.problem and declared.kg == 0.9, declared.problem
+            assert "refused" in declared.diagnostics(tracker)["payload"]
+        tare(3.4)
+        assert declared.problem is None
+        declared.apply(tracker)
+        assert tracker.payload_delta_kg == pytest.approx(2.5)
+        fresh = _tracker(None)  # a live calibration's tracker: the payload in force, against the first tare heard
+        declared.apply(fresh)
+        assert fresh.payload_delta_kg == pytest.approx(2.5) and fresh.payload_reference_kg == 0.9
+        recorded = _tracker(3.4)  # a calibration made with the payload on
+        declared.apply(recorded)
+        assert recorded.payload_delta_kg == 0.0
+        assert list(fresh.payload_com_m) == [0.0, 0.0, 0.0]  # the parameter's default
+    finally:
+        node.destroy_node()
+
+
+@pytest.mark.slow
+def test_in_library_mode_a_re_tare_at_another_pose_without_a_payload_change_declares_nothing():
+    """real_twin's F/T sensor has a bias: a tare's mass moves with the pose it was taken in. An
+    operator's re-tare with nothing changed, at the pose the arm stopped in, must not be taken for a
+    payload change: the efforts judged stay the measured ones and the level stays at FULL."""
+    from robot_wm.core.trust import calibration as calib_io
+    from robot_wm.core.trust.settings import load_trust_config
+    from robot_wm.learning import trust_eval as te
+
+    given = []
+    original = TrustTracker.set_payload
+
+    def spy(self, payload_kg, first_kg=None):
+        given.append((payload_kg, first_kg, original(self, payload_kg, first_kg)))
+        return given[-1][2]
+
+    cal = calib_io.load(te.default_calibration_path("real_twin"))
+    TrustTracker.set_payload = spy
+    try:
+        run = te.operate("real_twin", 20.0, 7, calibration=cal, config=load_trust_config()[0], retare_at_s=10.0)
+    finally:
+        TrustTracker.set_payload = original
+    assert len(given) == 2, given  # the start-up tare and the operator's: the refreshes of a latched arm are not given
+    (first, _, _), (again, ref, delta) = given
+    assert ref == first and delta == 0.0 and again != first, given
+    late = run.t_s >= 15.0
+    assert np.mean(run.level[late] == TrustLevel.FULL) >= 0.8, run.events
 
 
 @pytest.mark.slow

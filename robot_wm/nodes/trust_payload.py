@@ -7,9 +7,13 @@ the arm at SLOW until a new calibration. ``TrustTracker.set_payload`` takes the 
 change off the measured efforts: a point mass at ``payload_com_m`` in the tool frame (the node
 parameter; the integrator's declaration, as on most arms' payload settings). The message is kept
 here and handed to the tracker on the period thread (the tracker is the period's alone), again to
-each tracker a calibration or its swap makes. The first tare heard stands for the calibration's
-when its effort model does not record one (a calibration made before payloads were recorded). A
-payload picked up without a tare is not declared: the effort signal still sees it.
+each tracker a live calibration makes (a world-model swap keeps the tracker, its effort model and
+the payload given). The first tare heard stands for the calibration's when its effort model does
+not record one (a calibration made before payloads were recorded): a monitor restarted after a
+re-tare then takes the payload on for the calibration's, and the effort signal holds the arm at
+SLOW until a recalibration (the safe side). A change within ``TrustTracker.PAYLOAD_DEADBAND_KG``
+is none (a tare's mass carries the sensor's bias along gravity at its pose). A payload picked up
+without a tare is not declared: the effort signal still sees it.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from robot_wm.nodes.params import declare
 PAYLOAD_TOPIC = "/robot_wm/payload"
 #: a change of the declared payload smaller than this is not logged again (kg)
 LOG_CHANGE_KG = 0.1
+#: the tares taken as plausible (kg): a filter's tare refuses below -mass_tolerance and above
+#: tare_max_payload_kg (5 kg by default); anything outside this is no tare of a wrist F/T sensor
+MIN_KG, MAX_KG = -1.0, 50.0
 PAYLOAD_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
@@ -54,9 +61,10 @@ class DeclaredPayload:
 
     def _on_payload(self, msg: InertiaStamped) -> None:
         kg = float(msg.inertia.m)
-        if not (math.isfinite(kg) and abs(kg) <= 100.0):
-            self.problem = f"{PAYLOAD_TOPIC}: mass {msg.inertia.m!r} kg refused (expected a tare's payload, |m| <= 100 kg)"
-            self._node.get_logger().error(self.problem)
+        if not (math.isfinite(kg) and MIN_KG <= kg <= MAX_KG) or not msg.header.frame_id:
+            self.problem = (f"{PAYLOAD_TOPIC}: a tare of {msg.inertia.m!r} kg in frame {msg.header.frame_id!r} refused "
+                            f"(expected {MIN_KG:g}..{MAX_KG:g} kg in the F/T sensor's frame); the last one is kept")
+            self._node.get_logger().error(self.problem, throttle_duration_sec=5.0)
             return
         with self._lock:
             self._heard = (kg, msg.header.frame_id)

@@ -97,13 +97,19 @@ class TrustTracker:
         #: None: none), what a calibration recorded from this tracker must fit
         self.last_effort_nm: np.ndarray | None = None
 
+    #: A tare's mass carries the F/T sensor bias's component along gravity at the pose it was taken in
+    #: (one pose cannot split them: real_twin's 1.3 N bias moves its 0.8 kg tare over 0.67-0.94 kg from pose
+    #: to pose): a change smaller than this (kg) is not taken for a payload change. 0.5 kg is the safety
+    #: filter's own line, tare_tolerance_n (5 N) / g: a smaller change it re-tares by itself.
+    PAYLOAD_DEADBAND_KG = 0.5
+
     def set_payload(self, payload_kg: float, first_kg: float | None = None) -> float:
         """The safety filter's F/T tare: the payload now at the tool (kg). Returns the mass whose
         gravity and inertial torques (a point mass at ``payload_com_m`` in the tool frame) are taken
         off the measured efforts from now on: the payload less the one the effort model was fit with
         (its ``payload_kg``), or, for a model that does not record one, less ``first_kg`` (the first
         tare the caller heard: the arm as it was tared at start is taken for the calibration's), or
-        nothing.
+        nothing; within ``PAYLOAD_DEADBAND_KG`` of it, nothing.
 
         Raises:
             ValueError: a payload that is not a finite number.
@@ -113,7 +119,9 @@ class TrustTracker:
             raise ValueError(f"payload_kg={payload_kg!r}: expected the tared payload in kg")
         recorded = None if self.effort_model is None else self.effort_model.payload_kg
         ref = recorded if recorded is not None else (kg if first_kg is None else float(first_kg))
-        self.payload_kg, self.payload_reference_kg, self.payload_delta_kg = kg, ref, kg - ref
+        delta = kg - ref
+        self.payload_kg, self.payload_reference_kg = kg, ref
+        self.payload_delta_kg = delta if abs(delta) >= self.PAYLOAD_DEADBAND_KG else 0.0
         return self.payload_delta_kg
 
     @property
@@ -215,7 +223,7 @@ class TrustTracker:
         if effort_nm is not None and len(effort_nm) == len(qd) and self._prev is not None:
             t_prev, qd_prev = self._prev
             step = t_s - t_prev
-            tau = np.asarray(effort_nm, dtype=float)
+            tau = np.array(effort_nm, dtype=float)  # a copy: last_effort_nm must not be the caller's buffer
             if 0.25 * self.dt_s <= step <= 4.0 * self.dt_s and finite and math.isfinite(float(tau @ tau)):
                 qdd = (qd - qd_prev) / step
                 self._last_state = (*self.kin.inverse_dynamics_nm(q, qd, qdd), qd, qdd)
