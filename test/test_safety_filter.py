@@ -1043,13 +1043,14 @@ def test_a_solved_inaccurate_answer_is_used_only_when_it_passes_the_post_check(l
     assert np.all(np.isfinite(bad.u_safe_radps)) and np.allclose(bad.u_safe_radps, 0.0)
 
 
-def test_an_unconverged_qp_gives_its_last_iterate_only_when_it_keeps_every_row(limits, kin):
-    """ADMM out of its budget (OSQP's iteration or time limit; here 15 iterations instead of 4,000,
-    so that it happens often): the last iterate is commanded only when it keeps every row at its
+@pytest.mark.parametrize("budget", [{"max_iter": 15, "time_limit": 1e10}, {"time_limit": 2e-5}])
+def test_an_unconverged_qp_gives_its_last_iterate_only_when_it_keeps_every_row(limits, kin, budget):
+    """ADMM out of its budget (OSQP's iteration or time limit; here 15 iterations instead of 4,000, or
+    20 µs instead of 9 ms, so that it happens often): the last iterate is commanded only when it keeps every row at its
     true bound, hard and soft; every other such period is a controlled stop. Over hostile random
     states (near limits, obstacles, moving, a lagging world model, nominals up to 3 x the speed
     limits), no FILTERING command of either kind misses a row, and both outcomes occur."""
-    f = SafetyFilter(limits, kin, DT, osqp_settings={"max_iter": 15, "time_limit": 1e10})
+    f = SafetyFilter(limits, kin, DT, osqp_settings=budget)
     lo, hi = np.asarray(limits.lower_rad), np.asarray(limits.upper_rad)
     v_max = np.asarray(limits.vel_max_radps)
     rng = np.random.default_rng(11)
@@ -1060,7 +1061,7 @@ def test_an_unconverged_qp_gives_its_last_iterate_only_when_it_keeps_every_row(l
         nominal = rng.uniform(-3.0, 3.0, 6) * v_max
         f.reset()
         out = f.filter(FilterInput(q, qd, nominal, u_prev_radps=qd, model=_lagged_model(q, qd, nominal, sigma=1e-4)))
-        spent = "max iter reached" in (out.reason + out.solver_status_text)
+        spent = "reached after" in out.reason
         if out.state == FilterState.FAULT and spent:
             stopped += 1
             assert "its last iterate exceeds" in out.reason or "post-check" in out.reason, out.reason
@@ -1075,5 +1076,8 @@ def test_an_unconverged_qp_gives_its_last_iterate_only_when_it_keeps_every_row(l
         if spent:
             used += 1
             assert "passed the post-check" in out.reason and out.max_slack == 0.0, out.reason
-    print(f"{used} last iterates used, {stopped} stops")
-    assert used >= 10 and stopped >= 1, (used, stopped)
+    print(f"{budget}: {used} last iterates used, {stopped} stops")
+    if "max_iter" in budget:  # deterministic: both outcomes occur
+        assert used >= 10 and stopped >= 1, (used, stopped)
+    else:  # on the wall clock (a loaded machine runs fewer iterations in it): the path is taken
+        assert used + stopped >= 50, (used, stopped)
