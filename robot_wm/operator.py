@@ -219,6 +219,8 @@ def show_trust(seconds: float = 0.0, timeout_s: float = 5.0) -> int:
                      f"{diag.get('phase_episodes', '?')} episodes ({rate:.0%} success), mean score "
                      f"{float(diag.get('phase_mean_score', 'nan')):.2f}, {diag.get('phase_anomalies', '?')} anomalies "
                      f"({diag.get('phase_file', '')}); `robot-wm trust promote` says what is still missing")
+        if "payload" in diag:  # the filter's tare as the effort model takes it (`robot-wm tare` declares a payload)
+            line += f"\n  payload: {diag['payload']}"
         return line
 
     return _watch(TrustState, "/robot_wm/trust", describe,

@@ -276,6 +276,9 @@ def test_live_the_filter_publishes_its_tares_and_a_re_tared_payload_brings_full_
             procs["trust_monitor"].output()[-3000:] + str([(s.level, s.reason) for s in states[-3:]])
         log = procs["trust_monitor"].output()
         assert "payload tared at 3." in log and "Traceback" not in log, log[-3000:]
+        shown = verb("trust", "status")  # what the operator sees: the tare and what the effort model takes off
+        assert shown.returncode == 0 and re.search(r"payload: 3\.[0-9]+ kg tared; \+3\.[0-9]+ kg taken off", shown.stdout), \
+            shown.stdout + shown.stderr
     finally:
         spinner.stop()
         executor.remove_node(node)
