@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -421,10 +420,12 @@ def read_episode(path: Path, joint_names: Iterable[str] | None = None) -> Episod
                     cmd_t.append(t_ns)
                     cmd_v.append(data)
                 elif conn.topic == PAYLOAD_TOPIC:
-                    mass = float(msg.inertia.m)
-                    if not (math.isfinite(mass) and abs(mass) <= 100.0):
-                        raise BagError(f"{path}: {PAYLOAD_TOPIC} at {t_ns} ns has mass {mass!r} kg (a tare: |m| <= 100)")
-                    payload_kg = mass
+                    from robot_wm.core.trust.effort import PAYLOAD_RANGE_KG, plausible_payload
+
+                    if not plausible_payload(msg.inertia.m):
+                        raise BagError(f"{path}: {PAYLOAD_TOPIC} at {t_ns} ns has mass {msg.inertia.m!r} kg (a tare: "
+                                       f"{PAYLOAD_RANGE_KG[0]:g}..{PAYLOAD_RANGE_KG[1]:g} kg)")
+                    payload_kg = float(msg.inertia.m)
                 elif conn.topic == STATUS_TOPIC:
                     status_t.append(t_ns)
                     status_state.append(int(msg.state))

@@ -76,6 +76,32 @@ def test_an_effort_models_payload_round_trips_and_a_bad_one_is_named():
             EffortModel.from_dict(doc, 6)
 
 
+
+def test_a_tare_declares_a_payload_when_taken_fresh_not_when_a_resting_arm_refreshes_it():
+    """ForceTare.declared, what the filter publishes on /robot_wm/payload: the first tare, and the
+    first after ``forget`` (an operator's re-tare); the refreshes of a resting latched arm (within the
+    change tolerance) keep it, and a reading that differs by more is refused, not declared."""
+    from robot_wm.core.safety.wrench import GRAVITY_MPS2, ForceTare
+
+    tare = ForceTare(3, change_tolerance_n=5.0)
+    down, g = np.eye(3), GRAVITY_MPS2
+
+    def rest(mass_kg, bias=(0.3, -0.2, 0.0)):
+        for _ in range(3):
+            tare.observe(np.asarray(bias) + np.array([0.0, 0.0, -mass_kg * g]), down, True)
+
+    assert tare.declared is None
+    rest(0.8)
+    first = tare.declared
+    assert first is not None and first.payload_kg == pytest.approx(0.8, abs=1e-9)
+    rest(0.85)  # a refresh (0.5 N away): the tare follows, the declaration stays
+    assert tare.tare is not first and tare.declared is first
+    rest(3.3)  # 24.5 N more: a contact or a payload change, refused until an operator re-tares
+    assert tare.declared is first and "re-tare" in tare.last_refusal
+    tare.forget()
+    rest(3.3)
+    assert tare.declared is not first and tare.declared.payload_kg == pytest.approx(3.3, abs=1e-9)
+
 def _tracker(payload_kg):
     effort = EffortModel(np.zeros((6, len(FEATURES))), np.ones(6), payload_kg=payload_kg).to_dict()
     cal = Calibration({"prediction_error": 2.0, "disagreement": 1.0, "intervention": 0.25, "effort_error": 2.0},

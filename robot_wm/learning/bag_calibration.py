@@ -37,16 +37,15 @@ def needed_seconds(exceedance: float, dt_s: float = 0.01, settle_s: float = 3.0)
 
 
 def replay_run(directory: Path, world_model_path: Path, config, *, task: str | None = None,
-               skipped: list[str] | None = None, command_timeout_s: float | None = None,
-               payload_com_m=(0.0, 0.0, 0.0)):
+               skipped: list[str] | None = None, command_timeout_s: float | None = None):
     """The monitor's signals over every episode of ``directory`` (a ``trust_eval.Run``, episodes
     back to back on one clock). With ``skipped``, an episode the loader refuses (a hole in its
     joint states) is left out and its reason appended there; without, it raises. With
     ``command_timeout_s`` (the hardware's), a period no command was sent for that long before (by
     the SafetyStatus stamps, one per command sent) is not judged, as the node does not judge it: the
     driver stopped the arm then, while the replay holds the last command. A bag's tare (``Episode.payload_kg``)
-    goes to the tracker as the node's does (``payload_com_m``: the trust monitor's parameter); the
-    calibration's effort model then records the first episode's."""
+    goes to the tracker as the node's does (at the tool frame's origin: the trust monitor's
+    ``payload_com_m`` is not known here); the calibration's effort model then records the first episode's."""
     from robot_wm import description
     from robot_wm.core.kinematics import Kinematics
     from robot_wm.core.safety.types import FilterState
@@ -92,7 +91,6 @@ def replay_run(directory: Path, world_model_path: Path, config, *, task: str | N
         tracker = TrustTracker(TrustMonitor(config, cal), kin, dt, command_timeout_s=command_timeout_s or None)
         if ep.payload_kg is not None:  # the filter's tare in force: the efforts are judged as the node judges them
             first_payload = ep.payload_kg if first_payload is None else first_payload
-            tracker.payload_com_m = np.asarray(payload_com_m, dtype=float)
             tracker.set_payload(ep.payload_kg, first_payload)
         sent = np.sort(clock + (ep.status_stamp_ns - ep.meta.start_ns) * 1e-9)  # the commands' send times, replay clock
         fed = 0

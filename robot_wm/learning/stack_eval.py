@@ -340,11 +340,10 @@ def _run_episode(policy, profile, built: Stack, wm, check: PlantCheck, task, eps
                 trace.append(PeriodTrace(i, t, js.position_rad, js.velocity_radps, np.array(force), np.array(nominal),
                                          nominal_stamp, np.array(command), False))
         if recorder is not None:
-            tare = None if ctrl is None else ctrl.tare.tare  # a fresh tare: the filter's /robot_wm/payload
-            if tare is None or recorded_tare[0] is None:
+            tare = None if ctrl is None else ctrl.tare.declared  # the filter's /robot_wm/payload
+            if tare is not None and tare is not recorded_tare[0] and hasattr(recorder, "payload"):
                 recorded_tare[0] = tare
-                if tare is not None and hasattr(recorder, "payload"):
-                    recorder.payload(t, tare.payload_kg, cfg.ft_frame)
+                recorder.payload(t, tare.payload_kg, cfg.ft_frame)
             recorder.period(t, js, force, torque, nominal, command, res)
         sim.set_command(command)
         sim.step(sim_steps)

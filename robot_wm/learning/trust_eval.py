@@ -191,10 +191,8 @@ def operate(profile: str, seconds: float, seed: int, *, calibration: Calibration
                 ctrl.request_estop("operator: re-tare after a payload change")
                 ctrl.request_tare()
                 enabled = False
-            tare = ctrl.tare.tare  # a fresh tare (the first, or after a forget): the filter's /robot_wm/payload
-            if tare is None:
-                tare_given = None
-            elif tare_given is None:
+            tare = ctrl.tare.declared  # the filter's /robot_wm/payload
+            if tare is not None and tare is not tare_given:
                 tare_given, first_payload = tare, tare.payload_kg if first_payload is None else first_payload
                 tracker.set_payload(tare.payload_kg, first_payload)
             js = sim.joint_state()

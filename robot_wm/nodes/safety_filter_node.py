@@ -159,7 +159,7 @@ class SafetyFilterNode(ControlNode):
         self._status_pub = self.create_publisher(SafetyStatus, "/robot_wm/safety_status", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._payload_pub = self.create_publisher(InertiaStamped, PAYLOAD_TOPIC, PAYLOAD_QOS)
-        self._tare_published = None  # the fresh tare last published on PAYLOAD_TOPIC (None: none since the last forget)
+        self._tare_published = None  # the declared tare last published on PAYLOAD_TOPIC
         self._nominal: NominalSample | None = None
         self._wrench: WrenchSample | None = None
         self._trust: TrustSample | None = None
@@ -441,12 +441,8 @@ class SafetyFilterNode(ControlNode):
         msg.fault_kind = out.fault_kind.value if out.fault_kind is not None else ""
         msg.latches = list(out.latches)
         self._status_pub.publish(msg)
-        # a fresh tare (the first, or one an operator asked for: ~/tare forgets the last) is a declared payload for the
-        # trust monitor's effort model; the refreshes of a resting latched arm (within tare_tolerance_n) are not
-        tare = self.controller.tare.tare
-        if tare is None:
-            self._tare_published = None
-        elif self._tare_published is None:
+        tare = self.controller.tare.declared  # the trust monitor's effort model takes a declared payload on
+        if tare is not None and tare is not self._tare_published:
             self._tare_published = tare
             payload = InertiaStamped()
             payload.header.stamp, payload.header.frame_id = msg.header.stamp, self.ft_frame

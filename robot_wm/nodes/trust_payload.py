@@ -1,7 +1,8 @@
 """The payload the operator declared by a tare, for the trust monitor's effort model.
 
-The safety filter publishes every F/T tare it takes on ``/robot_wm/payload`` (latched; the mass
-only: one pose at rest does not give the centre of mass). A payload mounted and tared is no
+The safety filter publishes each tare that declares a payload (its first, and the first after an
+operator's ``~/tare``: ``ForceTare.declared``) on ``/robot_wm/payload`` (latched; the mass only: one
+pose at rest does not give the centre of mass). A payload mounted and tared is no
 anomaly, but the effort model of normal operation does not know its mass, so its signal would hold
 the arm at SLOW until a new calibration. ``TrustTracker.set_payload`` takes the dynamics of the
 change off the measured efforts: a point mass at ``payload_com_m`` in the tool frame (the node
@@ -23,17 +24,13 @@ import threading
 from geometry_msgs.msg import InertiaStamped
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
+from robot_wm.core.trust.effort import PAYLOAD_RANGE_KG, plausible_payload
 from robot_wm.nodes.params import declare
 
-#: Every F/T tare the safety filter takes (start-up, ``~/tare``): ``inertia.m`` the payload's mass (kg),
-#: in ``header.frame_id`` (the F/T frame); the centre of mass and inertia are not measured (zero).
+#: The safety filter's declared tares (start-up, ``~/tare``): ``inertia.m`` the payload's mass (kg), in
+#: ``header.frame_id`` (the F/T frame); the centre of mass and inertia are not measured (zero).
 #: Latched (transient local): a trust monitor started later hears the tare in force.
 PAYLOAD_TOPIC = "/robot_wm/payload"
-#: a change of the declared payload smaller than this is not logged again (kg)
-LOG_CHANGE_KG = 0.1
-#: the tares taken as plausible (kg): a filter's tare refuses below -mass_tolerance and above
-#: tare_max_payload_kg (5 kg by default); anything outside this is no tare of a wrist F/T sensor
-MIN_KG, MAX_KG = -1.0, 50.0
 PAYLOAD_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
@@ -55,15 +52,16 @@ class DeclaredPayload:
         self._heard: tuple[float, str] | None = None  # (kg, frame) of the latest tare
         self.first_kg: float | None = None  # the first tare heard (this process)
         self._applied: tuple | None = None  # (tracker, kg) last given
-        self._logged: float | None = None  # the change from the calibration's tare last logged (kg)
+        self._applied_kg: float | None = None  # the tare last logged
         self.problem: str | None = None  # the latest message refused, for the diagnostics
         node.create_subscription(InertiaStamped, PAYLOAD_TOPIC, self._on_payload, PAYLOAD_QOS)
 
     def _on_payload(self, msg: InertiaStamped) -> None:
         kg = float(msg.inertia.m)
-        if not (math.isfinite(kg) and MIN_KG <= kg <= MAX_KG) or not msg.header.frame_id:
+        if not plausible_payload(kg) or not msg.header.frame_id:
+            lo, hi = PAYLOAD_RANGE_KG
             self.problem = (f"{PAYLOAD_TOPIC}: a tare of {msg.inertia.m!r} kg in frame {msg.header.frame_id!r} refused "
-                            f"(expected {MIN_KG:g}..{MAX_KG:g} kg in the F/T sensor's frame); the last one is kept")
+                            f"(expected {lo:g}..{hi:g} kg in the F/T sensor's frame); the last one is kept")
             self._node.get_logger().error(self.problem, throttle_duration_sec=5.0)
             return
         with self._lock:
@@ -86,9 +84,8 @@ class DeclaredPayload:
         self._applied = (tracker, heard[0])
         tracker.payload_com_m = self.com_m
         delta = tracker.set_payload(heard[0], first)
-        # the filter takes a tare every 0.3 s while it rests latched: one line per change an operator would see
-        if self._logged is None or abs(delta - self._logged) >= LOG_CHANGE_KG:
-            self._logged = delta
+        if self._applied_kg != heard[0]:  # once per tare, not per tracker a calibration makes
+            self._applied_kg = heard[0]
             self._node.get_logger().info(
                 f"payload tared at {heard[0]:.2f} kg ({heard[1] or 'F/T frame'}): the effort model takes the torques of "
                 f"{delta:+.2f} kg at {self.com_m} m in the tool frame off the efforts it judges")

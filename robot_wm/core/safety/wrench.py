@@ -90,6 +90,9 @@ class ForceTare:
         self.mass_tolerance_kg = float(mass_tolerance_kg)
         self.change_tolerance_n = float(change_tolerance_n)
         self.tare: Tare | None = None
+        #: the last tare taken fresh (the first, or the first after ``forget``: an operator's re-tare), what a
+        #: payload change is declared by; the refreshes of a resting arm (within change_tolerance_n) keep it
+        self.declared: Tare | None = None
         self.last_refusal = ""
         self.tares_taken = 0
         self._sum = np.zeros(3)
@@ -136,6 +139,8 @@ class ForceTare:
             self.last_refusal = (f"tare refused: the reading at rest implies a sensor bias of {bias:.1f} N "
                                  f"(at most {self.max_bias_n:g} N): a sideways contact?")
         else:
+            if self.tare is None:
+                self.declared = cand
             self.tare = cand
             self.tares_taken += 1
             self.last_refusal = ""

@@ -60,23 +60,29 @@ class EffortModelError(ValueError):
     """An effort model cannot be fit or used; the message says which input or field."""
 
 
-#: the largest payload an effort model may record (kg): a safety filter's tare refuses more than 5 kg by default
-MAX_PAYLOAD_KG = 100.0
+#: the tares taken as plausible anywhere a payload is read (kg: the trust monitor's topic, bags, effort
+#: models): a safety filter's tare refuses below -mass_tolerance and above tare_max_payload_kg (5 kg by
+#: default); anything outside this is no tare of a wrist F/T sensor
+PAYLOAD_RANGE_KG = (-1.0, 50.0)
 
 
-def _payload(what: str, value) -> float | None:
-    """A recorded payload (kg, finite, |kg| <= MAX_PAYLOAD_KG: a tare may read a few grams below zero) or
-    None; EffortModelError naming it otherwise."""
-    if value is None:
-        return None
+def plausible_payload(value) -> bool:
+    """Whether ``value`` is a tare's mass: a finite number (not a bool) within PAYLOAD_RANGE_KG."""
     try:
         kg = float(value)
     except (TypeError, ValueError):
-        kg = math.nan
-    if isinstance(value, bool) or not abs(kg) <= MAX_PAYLOAD_KG:
-        raise EffortModelError(f"{what}: payload_kg={value!r}: expected the tared payload in kg (at most "
-                               f"{MAX_PAYLOAD_KG:g}) or null")
-    return kg
+        return False
+    return not isinstance(value, bool) and PAYLOAD_RANGE_KG[0] <= kg <= PAYLOAD_RANGE_KG[1]
+
+
+def _payload(what: str, value) -> float | None:
+    """A recorded payload (kg) or None; EffortModelError naming it otherwise."""
+    if value is None:
+        return None
+    if not plausible_payload(value):
+        raise EffortModelError(f"{what}: payload_kg={value!r}: expected the tared payload in kg "
+                               f"({PAYLOAD_RANGE_KG[0]:g}..{PAYLOAD_RANGE_KG[1]:g}) or null")
+    return float(value)
 
 
 def features(gravity_nm: np.ndarray, inertial_nm: np.ndarray, qdot_radps: np.ndarray,
