@@ -267,6 +267,42 @@ def test_lifecycle_cycles_add_no_timers_and_keep_the_latches(ros_context):
         node.destroy_node()
 
 
+
+def test_a_tare_that_cannot_be_published_never_ends_a_period(ros_context):
+    """The declared tare goes out on /robot_wm/payload after the period's command and status. In
+    process: with its publisher failing, periods go on (no exception leaves control_step) and the
+    tare is not taken for published; once the publisher works, the next period publishes it."""
+    from robot_wm.core.safety.wrench import Tare
+    from robot_wm.nodes.safety_filter_node import SafetyFilterNode
+
+    class Failing:
+        def __init__(self):
+            self.sent = []
+            self.broken = True
+
+        def publish(self, msg):
+            if self.broken:
+                raise RuntimeError("publisher's context is gone")
+            self.sent.append(msg)
+
+    node = SafetyFilterNode(context=ros_context)
+    try:
+        node.trigger_configure()
+        node.trigger_activate()
+        tare = Tare(bias_sensor_n=np.zeros(3), payload_kg=2.5)
+        node.controller.tare.tare = node.controller.tare.declared = tare
+        node._payload_pub = pub = Failing()
+        for _ in range(3):
+            node.control_step()
+        assert node._tare_published is not tare and not pub.sent
+        pub.broken = False
+        node.control_step()
+        node.control_step()
+        assert node._tare_published is tare and len(pub.sent) == 1 and pub.sent[0].inertia.m == 2.5
+        assert pub.sent[0].header.frame_id == node.ft_frame
+    finally:
+        node.destroy_node()
+
 def test_a_nominal_flapping_around_its_stale_limit_is_logged_at_most_once_a_second(stack):
     """A policy publishing at 12 Hz (its nominal goes stale after 5 periods, 50 ms) makes the filter
     stop and run again a dozen times a second. Each stop is on the status topic; the operator's log

@@ -443,11 +443,20 @@ class SafetyFilterNode(ControlNode):
         self._status_pub.publish(msg)
         tare = self.controller.tare.declared  # the trust monitor's effort model takes a declared payload on
         if tare is not None and tare is not self._tare_published:
-            self._tare_published = tare
+            self._publish_payload(tare, msg.header.stamp)
+
+    def _publish_payload(self, tare, stamp) -> None:
+        """The declared tare on PAYLOAD_TOPIC. It is for the trust monitor, after this period's command and
+        status: a failure here is logged and the next period tries again; it never ends the period."""
+        try:
             payload = InertiaStamped()
-            payload.header.stamp, payload.header.frame_id = msg.header.stamp, self.ft_frame
+            payload.header.stamp, payload.header.frame_id = stamp, self.ft_frame
             payload.inertia.m = float(tare.payload_kg)  # the mass only: one pose does not give the centre of mass
             self._payload_pub.publish(payload)
+            self._tare_published = tare
+        except Exception as exc:  # noqa: BLE001 (the command and status are out; the filter must go on)
+            self.get_logger().error(f"{PAYLOAD_TOPIC}: the tare could not be published ({type(exc).__name__}: {exc}); "
+                                    "trying again next period", throttle_duration_sec=5.0)
 
     def _send_zero(self) -> None:
         self._cmd_pub.publish(Float64MultiArray(data=[0.0] * len(self.joint_names)))
