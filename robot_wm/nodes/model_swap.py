@@ -18,6 +18,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -204,10 +205,10 @@ _interval_before = 0.0  # the switch interval before the first of them
 
 
 @contextmanager
-def loader_scheduling():
-    """Run the body (on the loader thread) just below the control thread, handing the interpreter lock
-    back every 0.5 ms instead of every 5 ms so that a period waits at most that long for it. The switch
-    interval is the process's: loads that overlap share it, and the last one out puts it back."""
+def loader_scheduling(place: Callable[[], str] | None = None):
+    """Run the body (on the loader thread) just below the control thread (``place``: elsewhere), handing
+    the interpreter lock back every 0.5 ms instead of every 5 ms so that a period waits at most that long
+    for it. The switch interval is the process's: loads that overlap share it, and the last one out puts it back."""
     global _interval_users, _interval_before
     with _interval_lock:
         if _interval_users == 0:
@@ -215,7 +216,7 @@ def loader_scheduling():
             sys.setswitchinterval(min(_interval_before, _SWITCH_INTERVAL_S))
         _interval_users += 1
     try:
-        below_the_control_thread()
+        (place or below_the_control_thread)()
         yield
     finally:
         with _interval_lock:
@@ -242,5 +243,20 @@ def below_the_control_thread() -> str:
         priority = max(os.sched_getparam(tid).sched_priority - 1, 1)
         os.sched_setscheduler(tid, policy, os.sched_param(priority))
         return f"{'SCHED_FIFO' if policy == os.SCHED_FIFO else 'SCHED_RR'} {priority}"
+    except (OSError, AttributeError) as exc:
+        return f"unchanged ({exc})"
+
+
+def below_realtime() -> str:
+    """Schedule the calling thread at the normal scheduler (nice unchanged): below every real-time thread
+    of every process. For work that is not the control path's, in a process that is real-time (the trust
+    monitor's calibration lookups): one priority below its own thread, as a loader, it held a core for
+    11-23 ms against the control process's loaders, which wait for a core while holding that process's
+    interpreter lock, and its control thread waits with them (``bench/bench_swap_storm.py``)."""
+    tid = threading.get_native_id()
+    try:
+        if os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        return f"normal scheduler, nice {os.getpriority(os.PRIO_PROCESS, tid)}"
     except (OSError, AttributeError) as exc:
         return f"unchanged ({exc})"

@@ -53,7 +53,7 @@ from robot_wm.nodes.trust_diagnostics import diagnostic_values
 from robot_wm.nodes.trust_live_calibration import LiveCalibration
 from robot_wm.nodes.trust_payload import DeclaredPayload
 from robot_wm.nodes.trust_phases import STATUS_FRESH_S, PhaseOperations
-from robot_wm.nodes.trust_swap import RollbackGuard, calibration_for, declare_rollback
+from robot_wm.nodes.trust_swap import CalibrationPrefetch, RollbackGuard, calibration_for, declare_rollback
 
 _FILTERING = 1  # SafetyStatus.STATE_FILTERING
 _DIAG_LEVELS = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.WARN,
@@ -127,6 +127,10 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
         self._rollback_config = declare_rollback(self)
         self._payload = DeclaredPayload(self)  # the filter's tares, for the effort model (trust_payload)
         self._rollback = None  # trust_swap.RollbackGuard (configured)
+        # the calibration of an announced world model, looked up off the period thread (registry-managed only)
+        self._prefetch = CalibrationPrefetch(self, self.task, self.profile,
+                                             enabled=not (self.calibration_file or self.calibrate_s > 0))
+        self._lookup_failed: tuple[str, float] | None = None  # (world model version, monotonic s) of a failed lookup
         self._intervention = False
         self._episodes = self._episodes_ignored = 0
         self._anomalies_seen = 0
@@ -341,9 +345,17 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
         from robot_wm.core.trust.settings import config_from_params
 
         self._refresh = None  # a refresh is for the model it began with
-        cal, where = calibration_for(self.task, self.profile, version)
+        found = self._prefetch.take(version)
+        if found is None:  # not announced, or not looked up yet: here, at most once a second per model
+            failed = self._lookup_failed
+            if failed is not None and failed[0] == version and time.monotonic() - failed[1] < 1.0:
+                return False
+            found = calibration_for(self.task, self.profile, version)
+        cal, where = found
         if cal is None:
+            self._lookup_failed = (version, time.monotonic())
             return False
+        self._lookup_failed = None
         self.calibration = with_floors(cal, config_from_params(self.params)[1].floor_map())
         self.tracker.monitor.set_calibration(self.calibration)
         self.get_logger().warning(f"world model {version}: trust calibration {where} ({cal.source})")

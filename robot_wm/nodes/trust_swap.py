@@ -58,6 +58,72 @@ def announce(node: Node, publisher, task: str, action: str, reason: str, *, acce
         publisher.publish(msg)
 
 
+class CalibrationPrefetch:
+    """The calibration of each announced world model, looked up before the model's first prediction.
+
+    ``calibration_for`` verifies the registry's active set (every file's SHA-256, the sidecars, the
+    robot description): 11-23 ms of CPU, measured live. On the thread that judges the periods, and at
+    the control processes' real-time priority, that was a trust period missed at every swap and a
+    core taken from the control path while the nodes swap (``python bench/bench_swap_storm.py``). So
+    an announcement on ``/robot_wm/model_update`` (a world model of this task, activated or rolled
+    back) starts the lookup on a thread of its own, and ``take(version)`` hands the result to the period; a model
+    seen without one (an announcement missed or late) is looked up on the period thread as before.
+    The lookup runs below every real-time thread (``model_swap.below_realtime``): just below the
+    node's own, it held a core while the control process's loaders waited for one holding that
+    process's interpreter lock, and the control thread missed periods (11 in 58 swaps, against 6-7
+    with the lookup on the period thread; ``python bench/bench_swap_storm.py``).
+    Announcements made before the node started are history (transient local): not looked up."""
+
+    KEEP = 4  # results kept for models not yet seen (swaps in quick succession)
+
+    def __init__(self, node: Node, task: str, profile: str, enabled: bool = True) -> None:
+        import threading
+
+        from robot_wm.msg import ModelUpdate
+
+        self.node, self.task, self.profile, self.enabled = node, task, profile, enabled
+        self._lock = threading.Lock()
+        self._ready: dict[str, tuple] = {}  # world model version -> calibration_for's (calibration, where)
+        self._started_ns = node.get_clock().now().nanoseconds
+        self.hits = self.misses = 0
+        node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update, UPDATE_QOS)
+
+    def _on_update(self, msg) -> None:
+        from robot_wm.nodes.model_swap import SWAP_ACTIONS
+
+        if not self.enabled or msg.task != self.task or msg.model_kind != "world_model" or not msg.accepted \
+                or msg.action not in SWAP_ACTIONS or not msg.version \
+                or msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec < self._started_ns:
+            return
+        import threading
+
+        threading.Thread(target=self._look_up, args=(msg.version,), name="calibration_prefetch", daemon=True).start()
+
+    def _look_up(self, version: str) -> None:
+        from robot_wm.nodes.model_swap import below_realtime, loader_scheduling
+
+        try:
+            with loader_scheduling(below_realtime):
+                found = calibration_for(self.task, self.profile, version)
+        except Exception as exc:  # noqa: BLE001 (the period thread looks it up again and says why)
+            self.node.get_logger().warning(f"calibration lookup for world model {version} failed: {exc}")
+            return
+        with self._lock:
+            self._ready[version] = found
+            for old in list(self._ready)[:-self.KEEP]:
+                del self._ready[old]
+
+    def take(self, version: str):
+        """The (calibration, where) looked up for ``version``, or None (not announced, or not ready yet)."""
+        with self._lock:
+            found = self._ready.pop(version, None)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+
 class RollbackGuard:
     """Rolls the registry back when a swapped-in world model does worse on the live arm (see the module docstring)."""
 
