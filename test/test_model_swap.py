@@ -200,3 +200,75 @@ def test_the_policy_swap_takes_only_the_active_sets_policy_checked_and_loaded_of
         assert swap.take(new) is None  # handed over once
     finally:
         node.destroy_node()
+
+
+def test_an_announcement_of_the_model_in_use_loads_nothing_unless_another_is_on_its_way_in(ros_context):
+    """A learner's set carries the same policy: the policy node must not load it again at every swap
+    (each load costs the control process). The same model announced while another loads, is loaded,
+    or is being handed over to the control thread is loaded, in order: the node ends on the last one."""
+    from types import SimpleNamespace
+
+    from rclpy.node import Node
+
+    from robot_wm.msg import ModelUpdate
+    from robot_wm.nodes.model_swap import WorldModelSwap
+
+    node = Node("swap_in_use_test", context=ros_context)
+    release, built = threading.Event(), []
+    try:
+        running = {"version": "v1"}
+        swap = WorldModelSwap(node, "reach", ["j1"], 0.01, analytic=False, in_use=lambda: running["version"])
+
+        def build(msg) -> None:  # stands for loading a model: v2 blocks until released
+            if msg.version == "v2":
+                assert release.wait(10.0)
+            built.append(msg.version)
+            with swap._lock:
+                swap._pending = (SimpleNamespace(version=msg.version), msg)
+
+        swap._build = build
+
+        def update(version: str) -> None:
+            msg = ModelUpdate(task="reach", model_kind="world_model", action="activate", accepted=True,
+                              set_version=f"set-{version}", version=version)
+            msg.header.stamp = node.get_clock().now().to_msg()
+            swap._on_update(msg)
+
+        update("v1")
+        assert swap._loading is None and built == []  # the model in use: nothing loaded
+        update("v2")
+        assert wait_for(lambda: swap._loading is not None and swap._loading.is_alive(), 5.0)
+        update("v1")  # v2 is on its way in: v1 must follow it
+        release.set()
+        assert wait_for(lambda: built == ["v2", "v1"], 10.0), built
+        swap._loading.join(5.0)
+        assert swap.take(SimpleNamespace(version="v1", action_history=None, qdot_history=None)) is None  # v1 again
+        # handed over but not yet installed by the node: the model "in use" is about to change
+        with swap._lock:
+            swap._pending = (SimpleNamespace(version="v3", reset=lambda *a: None), None)
+        swap._next(SimpleNamespace(version="v1"))
+        update("v1")
+        assert wait_for(lambda: built[-1:] == ["v1"] and len(built) == 3, 5.0), built
+        swap._loading.join(5.0)
+        swap._pending = None
+        running["version"] = "v3"
+        swap._handed = "v3"
+        n = len(built)
+        update("v3")
+        assert len(built) == n and not swap._loading.is_alive()
+        running["version"] = None  # unknown (no model): loaded
+        swap._handed = None
+        update("v3")
+        assert wait_for(lambda: len(built) == n + 1, 5.0), built
+
+        def broken() -> str:
+            raise RuntimeError("no controller yet")
+
+        swap._in_use = broken  # a node that cannot say: loaded, never raised on its callback
+        swap._loading.join(5.0)
+        swap._pending = None
+        update("v4")
+        assert wait_for(lambda: built[-1:] == ["v4"], 5.0), built
+    finally:
+        release.set()
+        node.destroy_node()

@@ -40,15 +40,21 @@ class WorldModelSwap:
         task: its task; updates for another are ignored.
         joint_names, dt_s: what the new runner must fit.
         analytic: build the linearization graph (the safety filter) or not (predict only).
+        in_use: the version of the model the node runs now (None: unknown). An announcement of that
+            model, with no other on its way in, loads nothing: a set that carries the same policy
+            (the online learner's do) would otherwise cost the control process a load at every swap.
     """
 
-    def __init__(self, node: Node, task: str, joint_names, dt_s: float, *, analytic: bool) -> None:
+    def __init__(self, node: Node, task: str, joint_names, dt_s: float, *, analytic: bool,
+                 in_use: Callable[[], str | None] | None = None) -> None:
         from robot_wm.msg import ModelUpdate
 
         self.node, self.task = node, task
         self.joint_names, self.dt_s, self.analytic = list(joint_names), float(dt_s), analytic
+        self._in_use = in_use or (lambda: None)
         self._lock = threading.Lock()
         self._pending = None  # (runner, update message)
+        self._handed: str | None = None  # the version ``take`` last handed over (or found in use)
         self._loading: threading.Thread | None = None
         self.last_refusal = ""
         self.swaps = 0
@@ -63,6 +69,10 @@ class WorldModelSwap:
             return
         if msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec < self._started_ns:
             return  # kept for late subscribers from before this node started: it loaded the active model anyway
+        if self._in_use_already(msg.version):
+            self.node.get_logger().info(f"model update {msg.set_version} ({msg.action}): {self.KIND.replace('_', ' ')} "
+                                        f"{msg.version} is the one in use; nothing to load")
+            return
         previous = self._loading
         if previous is not None and previous.is_alive():  # waited for on the new loader, not on this thread
             self.node.get_logger().warning(f"model update {msg.set_version}: still loading the previous one; "
@@ -70,6 +80,20 @@ class WorldModelSwap:
         self._loading = threading.Thread(target=self._load, args=(msg, previous), name=f"{self.KIND}_swap",
                                          daemon=True)
         self._loading.start()
+
+    def _in_use_already(self, version: str) -> bool:
+        """``version`` is the model this node runs, and no other is on its way in (loading, loaded, or
+        being handed over to the control thread: ``take`` records what it handed before the node has it)."""
+        if not version:
+            return False
+        with self._lock:
+            busy = self._pending is not None or (self._loading is not None and self._loading.is_alive())
+            handed = self._handed
+        try:
+            running = self._in_use()
+        except Exception:  # noqa: BLE001 (unknown: load it, as before)
+            return False
+        return not busy and version == running and handed in (None, running)
 
     def _load(self, msg, previous: threading.Thread | None) -> None:
         if previous is not None:
@@ -110,6 +134,7 @@ class WorldModelSwap:
         with self._lock:
             runner, msg = self._pending
             self._pending = None
+            self._handed = runner.version
         if current is not None and getattr(current, "version", None) == runner.version:
             return None  # already this model (an announcement kept for late subscribers, heard again)
         return runner, msg
@@ -139,8 +164,9 @@ class PolicySwap(WorldModelSwap):
 
     KIND = "policy"
 
-    def __init__(self, node: Node, task: str, joint_names, dt_s: float) -> None:
-        super().__init__(node, task, joint_names, dt_s, analytic=False)
+    def __init__(self, node: Node, task: str, joint_names, dt_s: float,
+                 in_use: Callable[[], str | None] | None = None) -> None:
+        super().__init__(node, task, joint_names, dt_s, analytic=False, in_use=in_use)
 
     def _load_runner(self, path):
         import numpy as np

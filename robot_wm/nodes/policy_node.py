@@ -139,7 +139,8 @@ class PolicyNode(ControlNode):
                 if not self.model_path and self._swap is None:  # the registry's active policy: follow its updates
                     from robot_wm.nodes.model_swap import PolicySwap
 
-                    self._swap = PolicySwap(self, self.task_name, self.joint_names, self.task.control_dt_s)
+                    self._swap = PolicySwap(self, self.task_name, self.joint_names, self.task.control_dt_s,
+                                           in_use=lambda: getattr(self.runner, "version", None))
             self.kin = Kinematics(urdf, self.joint_names)
             self._action_limit = np.asarray(self.task.action_limit_radps, dtype=float)  # what exploration is a fraction of
             self._limits = load_safety_limits()

@@ -256,7 +256,8 @@ class SafetyFilterNode(ControlNode):
             if not self.model_path and self._swap is None:  # registry-managed: updates are swapped in between periods
                 from robot_wm.nodes.model_swap import WorldModelSwap
 
-                self._swap = WorldModelSwap(self, self.task, self.joint_names, self.model_dt_s, analytic=True)
+                self._swap = WorldModelSwap(self, self.task, self.joint_names, self.model_dt_s, analytic=True,
+                                            in_use=lambda: getattr(getattr(self.controller, "model", None), "version", None))
         except (ModelError, ValueError, OSError) as exc:
             # the filter still starts: with require_model every period is a FAULT (controlled stop)
             self.get_logger().error(f"world model unavailable ({exc}); "

@@ -87,7 +87,8 @@ class WorldModelNode(ControlNode):
         if not self.model_path and self._swap is None:  # registry-managed: online updates and rollbacks swap it
             from robot_wm.nodes.model_swap import WorldModelSwap
 
-            self._swap = WorldModelSwap(self, self.task, self.joint_names, load_task().control_dt_s, analytic=False)
+            self._swap = WorldModelSwap(self, self.task, self.joint_names, load_task().control_dt_s, analytic=False,
+                                        in_use=lambda: getattr(self.runner, "version", None))
             self._shadow_pub = self.create_publisher(WorldModelPrediction, "/robot_wm/prediction_shadow", 10)
         self._pred_pub = self.create_lifecycle_publisher(WorldModelPrediction, "/robot_wm/prediction", 10)
         if self.forecast_steps:
