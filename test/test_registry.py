@@ -273,6 +273,32 @@ def test_the_robot_description_hash_ignores_the_install_path_and_the_hardware_pl
     assert Registry(robot=facts).robot is facts
 
 
+def test_the_robot_facts_are_computed_once_per_description_and_control_file(tmp_path, monkeypatch):
+    """Every registry lookup checks a set against them (a hot swap's loader too), and computing them
+    holds the interpreter lock in stretches: once per control.yaml and its modification time."""
+    import os
+
+    from robot_wm.paths import _MARKER, DataFileError, share_dir
+    from robot_wm.registry import robot_facts
+
+    share = tmp_path / "share"
+    for part in ("config", "urdf"):
+        shutil.copytree(share_dir() / part, share / part)
+    shutil.copyfile(share_dir() / _MARKER, share / _MARKER)
+    monkeypatch.setenv("ROBOT_WM_SHARE", str(share))
+    first = robot_facts()
+    assert robot_facts() is first and first.dt_s == 0.01
+    control = share / "config" / "control.yaml"
+    control.write_text(control.read_text().replace("control_period_s: 0.01", "control_period_s: 0.002", 1))
+    later = control.stat().st_mtime_ns + 1_000_000_000
+    os.utime(control, ns=(later, later))
+    changed = robot_facts()
+    assert changed.dt_s == 0.002 and changed.description_sha256 == first.description_sha256
+    control.unlink()
+    with pytest.raises(DataFileError, match="control.yaml"):  # a missing file is never taken from the cache
+        robot_facts()
+
+
 # ---- resolution never loads a refused set
 def test_resolve_raises_for_a_refused_active_set_and_falls_back_only_for_an_unreadable_pointer(reg, tmp_path):
     new = reg.add(make_set(tmp_path), "track", parent=None, lineage={}, activate=True)
