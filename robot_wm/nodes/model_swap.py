@@ -98,7 +98,7 @@ class WorldModelSwap:
     def _load(self, msg, previous: threading.Thread | None) -> None:
         if previous is not None:
             previous.join()  # announcements are loaded in the order they came
-        with loader_scheduling():
+        with _LOADS_IN_TURN, loader_scheduling():
             self._build(msg)
 
     def _build(self, msg) -> None:
@@ -225,6 +225,13 @@ def load_runner(path, joint_names, dt_s: float, analytic: bool):
     return runner
 
 
+#: One load at a time in a process: the composed process's world_model node and safety filter load the
+#: same announced model. Side by side, two loaders at SCHED_FIFO one below the control thread hold both
+#: cores and hand the interpreter lock to each other at every point where the control thread's period lets
+#: it go (each onnxruntime run, each publish): 6 of 116 swaps in bench_swap_storm.py missed a period, 2 of
+#: 118 in turn. (The in-process bench_swap_load.py showed no difference: its loads never overlap a real
+#: executor's callbacks.)
+_LOADS_IN_TURN = threading.Lock()
 _interval_lock = threading.Lock()
 _interval_users = 0  # loader threads inside loader_scheduling (the filter's and the world model's may overlap)
 _interval_before = 0.0  # the switch interval before the first of them
