@@ -236,7 +236,7 @@ def integrity(path: Path, task: str, version: str, located: bool = True) -> list
     files = doc["files"]
     for name in sorted(REQUIRED_FILES - set(files)):
         problems.append(Problem(Reason.MISSING_FILE, f"{version}: modelset.json lists no {name}"))
-    intact = set()
+    intact: dict[str, str] = {}  # name -> its SHA-256, for the files that match modelset.json
     for name, want in sorted(files.items()):
         f = path / name
         if not f.is_file():
@@ -247,23 +247,25 @@ def integrity(path: Path, task: str, version: str, located: bool = True) -> list
             problems.append(Problem(Reason.HASH_MISMATCH, f"{version}: {name} has SHA-256 {got[:16]}..., "
                                                           f"modelset.json records {str(want)[:16]}..."))
         else:
-            intact.add(name)
+            intact[name] = got
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = f.relative_to(path).as_posix()
         if rel != MODELSET_FILE and rel not in files:
             problems.append(Problem(Reason.UNLISTED_FILE, f"{version}: {rel} is not in modelset.json "
                                                           "(added after registration)"))
-    if REQUIRED_FILES <= intact:
+    if REQUIRED_FILES <= intact.keys():
         problems += _sidecar_problems(path, version, doc["lineage"], intact)
     return problems
 
 
-def _sidecar_problems(path: Path, version: str, lineage: dict, intact: set[str]) -> list[Problem]:
-    """The sidecars against their models and the lineage; the calibrations (``intact`` ones) against the world model."""
+def _sidecar_problems(path: Path, version: str, lineage: dict, intact: dict[str, str]) -> list[Problem]:
+    """The sidecars against their models and the lineage; the calibrations (``intact`` ones) against the world
+    model. ``intact``: the files' SHA-256s just computed (not hashed again: every registry lookup runs this,
+    a hot swap's loaders too)."""
     problems, metas = [], {}
     for kind, onnx in MODEL_FILES.items():
         try:
-            metas[kind] = meta = read_sidecar(path / onnx)
+            metas[kind] = meta = read_sidecar(path / onnx, sha256=intact.get(onnx))
         except ModelError as exc:
             problems.append(Problem(Reason.SIDECAR, f"{version}: {exc}"))
             continue

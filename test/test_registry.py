@@ -299,6 +299,26 @@ def test_the_robot_facts_are_computed_once_per_description_and_control_file(tmp_
         robot_facts()
 
 
+def test_a_check_of_a_set_hashes_each_model_once(reg, tmp_path, monkeypatch):
+    """Every registry lookup checks the active set (a hot swap's loaders too): the sidecars are checked
+    against the hashes just computed, not hashed again."""
+    from collections import Counter
+
+    from robot_wm import modelset
+    from robot_wm.core import onnx_model
+
+    info = reg.add(make_set(tmp_path), "track", parent=None, lineage={})
+    counts = Counter()
+    real = onnx_model.sha256_file
+    monkeypatch.setattr(modelset, "sha256_file", lambda p: (counts.update([Path(p).name]), real(p))[1])
+    monkeypatch.setattr(onnx_model, "sha256_file", lambda p: (counts.update([Path(p).name]), real(p))[1])
+    assert reg.check("track", info.version) == []
+    assert counts["world_model.onnx"] == 1 and counts["policy.onnx"] == 1, counts
+    # the hash handed over is the one the sidecar is checked against: a sidecar for another file is refused
+    with pytest.raises(ModelError, match="does not match the sidecar"):
+        onnx_model.read_sidecar(info.path / "policy.onnx", sha256="0" * 64)
+
+
 # ---- resolution never loads a refused set
 def test_resolve_raises_for_a_refused_active_set_and_falls_back_only_for_an_unreadable_pointer(reg, tmp_path):
     new = reg.add(make_set(tmp_path), "track", parent=None, lineage={}, activate=True)

@@ -43,8 +43,9 @@ def sidecar_path(onnx_path: Path) -> Path:
     return Path(onnx_path).with_suffix(".json")
 
 
-def read_sidecar(onnx_path: Path) -> dict[str, Any]:
-    """Read and check the sidecar of ``onnx_path`` (presence, required keys, file hash)."""
+def read_sidecar(onnx_path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """Read and check the sidecar of ``onnx_path`` (presence, required keys, file hash; ``sha256``: the
+    file's, when the caller has just computed it)."""
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ModelError(f"model file not found: {onnx_path}")
@@ -64,7 +65,7 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
         raise ModelError(f"{side}: format {meta['format']!r}, expected {SIDECAR_FORMAT!r}")
     if meta["onnx_file"] != onnx_path.name:
         raise ModelError(f"{side}: describes {meta['onnx_file']!r}, not {onnx_path.name!r}")
-    actual = sha256_file(onnx_path)
+    actual = sha256 if sha256 is not None else sha256_file(onnx_path)
     if actual != meta["sha256"]:
         raise ModelError(
             f"{onnx_path.name}: SHA-256 {actual[:16]}... does not match the sidecar's {str(meta['sha256'])[:16]}... "
