@@ -295,6 +295,20 @@ def rolling_median(t: np.ndarray, x: np.ndarray, window_s: float, step_s: float 
     return grid, med
 
 
+def isolated_run(prefix: str, domain_base: int) -> tuple[Path, dict[str, str]]:
+    """A ROS domain (loopback DDS, here and in the returned environment), a state directory and a
+    model registry of this run's own: (state directory, environment for the node processes)."""
+    from robot_wm.rosenv import apply_loopback_dds, loopback_env
+
+    domain = domain_base + os.getpid() % 30
+    apply_loopback_dds(domain_id=domain)
+    state = Path(tempfile.mkdtemp(prefix=prefix))
+    env = loopback_env(domain_id=domain)
+    env.update(PYTHONUNBUFFERED="1", ROBOT_WM_STATE_DIR=str(state), ROBOT_WM_MODELS_DIR=str(state / "models"))
+    os.environ["ROBOT_WM_MODELS_DIR"] = env["ROBOT_WM_MODELS_DIR"]
+    return state, env
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import rclpy
     from rclpy.context import Context
@@ -303,14 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from robot_wm.benchmarks.e2e import _cpu_s, memory_of
     from robot_wm.graph import plan
     from robot_wm.process_group import ProcessGroup
-    from robot_wm.rosenv import apply_loopback_dds, loopback_env
 
-    domain = 120 + os.getpid() % 30
-    apply_loopback_dds(domain_id=domain)
-    state = Path(tempfile.mkdtemp(prefix="robot_wm_bench_online_"))
-    env = loopback_env(domain_id=domain)
-    env.update(PYTHONUNBUFFERED="1", ROBOT_WM_STATE_DIR=str(state), ROBOT_WM_MODELS_DIR=str(state / "models"))
-    os.environ["ROBOT_WM_MODELS_DIR"] = env["ROBOT_WM_MODELS_DIR"]
+    state, env = isolated_run("robot_wm_bench_online_", 120)
     overrides: dict[str, Any] = {"profile": args.profile}
     if args.realtime_priority:
         overrides["realtime_priority"] = args.realtime_priority

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -74,20 +73,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rclpy.context import Context
     from rclpy.signals import SignalHandlerOptions
 
-    from bench_online import Observer, _start_logged
+    from bench_online import Observer, _start_logged, isolated_run
     from robot_wm.graph import plan
+    from robot_wm.msg import ModelUpdate
     from robot_wm.nodes.model_swap import UPDATE_QOS, UPDATE_TOPIC
     from robot_wm.nodes.trust_swap import announce
     from robot_wm.process_group import ProcessGroup
     from robot_wm.registry import Registry
-    from robot_wm.rosenv import apply_loopback_dds, loopback_env
 
-    domain = 150 + os.getpid() % 30
-    apply_loopback_dds(domain_id=domain)
-    state = Path(tempfile.mkdtemp(prefix="robot_wm_bench_storm_"))
-    env = loopback_env(domain_id=domain)
-    env.update(PYTHONUNBUFFERED="1", ROBOT_WM_STATE_DIR=str(state), ROBOT_WM_MODELS_DIR=str(state / "models"))
-    os.environ["ROBOT_WM_MODELS_DIR"] = env["ROBOT_WM_MODELS_DIR"]
+    state, env = isolated_run("robot_wm_bench_storm_", 150)
     set_a, set_b = twin_sets(state / "sets", args.profile)
     reg = Registry()
     versions = [reg.add(d, "reach", parent=None, lineage={}, activate=(i == 0)).version for i, d in enumerate((set_a, set_b))]
@@ -98,8 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ctx = Context()
     rclpy.init(context=ctx, signal_handler_options=SignalHandlerOptions.NO)
     obs = Observer(ctx)
-    publisher = obs.node.create_publisher(__import__("robot_wm.msg", fromlist=["ModelUpdate"]).ModelUpdate,
-                                          UPDATE_TOPIC, UPDATE_QOS)
+    publisher = obs.node.create_publisher(ModelUpdate, UPDATE_TOPIC, UPDATE_QOS)
     logs = Path(args.out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(specs, env)
