@@ -272,3 +272,36 @@ def test_an_announcement_of_the_model_in_use_loads_nothing_unless_another_is_on_
     finally:
         release.set()
         node.destroy_node()
+
+
+def test_the_learner_announces_every_rejection_whatever_kind_came_before():
+    """A candidate that could not be tried (too little data: a warning) and one the gate refused (info)
+    are both announced, in either order. rclpy raises when one call site logs at another severity than
+    it did first: that ended the attempt's thread before the rejection was published (seen live, 2026-12-07)."""
+    import rclpy
+    from rclpy.context import Context
+
+    from robot_wm.learning.online import Attempt, GateResult
+    from robot_wm.nodes.adaptation_node import AdaptationNode
+
+    no_data = Attempt(0.0, error="RuntimeError: too little contiguous data: 8.8 s", previous_set_version="reach-0001")
+    refused = Attempt(0.0, verdict=GateResult(False, ["held-out qdot RMSE 0.0071 vs 0.0071 rad/s: less than 5% better"],
+                                             {"rmse": 0.0071}), previous_set_version="reach-0001", world_model_version="wm-x")
+    for order in ((no_data, refused), (refused, no_data)):
+        context = Context()
+        rclpy.init(args=["--ros-args", "-p", "autostart:=false"], context=context)
+        try:
+            node = AdaptationNode(context=context)
+            published = []
+            queue = list(order)
+            node.learner = type("Learner", (), {"attempt": lambda self: queue.pop(0)})()
+            node._update_pub = type("Pub", (), {"publish": lambda self, m: published.append(m)})()
+            try:
+                node._attempt()
+                node._attempt()
+                assert [(m.action, m.accepted) for m in published] == [("reject", False)] * 2
+                assert [m.reason for m in published] == [a.error or a.verdict.text for a in order]
+            finally:
+                node.destroy_node()
+        finally:
+            rclpy.shutdown(context=context)

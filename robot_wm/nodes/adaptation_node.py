@@ -225,8 +225,13 @@ class AdaptationNode(ControlNode):
         else:
             msg.action, msg.set_version = "reject", att.previous_set_version
             msg.reason = att.verdict.text if att.verdict is not None else att.error
-            (log.info if att.verdict is not None else log.warning)(
-                f"candidate {att.world_model_version or '-'} not used ({att.seconds:.1f} s): {msg.reason}")
+            text = f"candidate {att.world_model_version or '-'} not used ({att.seconds:.1f} s): {msg.reason}"
+            # two call sites: rclpy raises when one call site logs at another severity than it did first,
+            # and that ended the attempt's thread before the rejection was announced
+            if att.verdict is not None:
+                log.info(text)  # refused by the gate
+            else:
+                log.warning(text)  # could not be tried
         self._update_pub.publish(msg)
 
 
