@@ -154,6 +154,35 @@ def test_the_gate_checks_coverage_and_the_simulator_reference(tmp_path, twin_sam
     assert not verdict.accepted and "simulator reference error grew" in verdict.text, verdict.text
 
 
+def test_the_gate_refuses_a_candidate_the_safety_filter_would_refuse(tmp_path, twin_samples, kin):
+    """A candidate whose slope for one joint has the wrong sign (the current command's input to the
+    network negated for shoulder_lift) would make the filter stop the arm (MODEL_IMPLAUSIBLE): the
+    gate asks the filter's check_model at every held-out state and refuses it, naming the joint; the
+    active model itself passes the same check, and an unchanged copy gets through."""
+    from robot_wm.learning.online import SlopeCheck
+
+    _, active = _exported(tmp_path, "active")
+    held = held_out_samples(twin_samples[-600:], active.action_history_length)
+    lax = LearnerConfig(min_improvement=-1.0, min_nll_gain=-1e9, coverage_band=(0.01, 1.0), max_sim_regression=1.0)
+    gate = ValidationGate(lax, None, SlopeCheck(kin.velocity_limits_radps, DT, JOINTS))
+    _, same = _exported(tmp_path, "same")
+    verdict = gate.judge(same, active, held, 0.0)
+    assert verdict.accepted, verdict.text
+    assert verdict.metrics["candidate_filter_refusals"] == verdict.metrics["active_filter_refusals"] == 0.0
+
+    def wrong_sign(m):
+        col = m.n_features - 6 * m.config.qdot_history - 6 + 1  # features: q, qdot, commands (u_t last), qdot history
+        m.hidden[0].weight[:, col, :].mul_(-1.0)
+
+    model, flipped = _exported(tmp_path, "flipped", wrong_sign)
+    verdict = gate.judge(flipped, active, held, 0.0)
+    assert not verdict.accepted, verdict.text
+    assert "safety filter would refuse its linearization" in verdict.text and "shoulder_lift_joint" in verdict.text
+    assert verdict.metrics["candidate_filter_refusals"] > 0.5 * len(held.q)
+    # the reason is the check's own (its prediction error is also far worse: no margin lets that in)
+    assert "safety filter" not in ValidationGate(lax, None).judge(flipped, active, held, 0.0).text
+
+
 # ------------------------------------------------------------------------------------------ the learner
 def test_the_learner_adapts_to_a_payload_and_registers_with_lineage(tmp_path, kin):
     """Library mode, real_twin with 2.5 kg added at 15 s: the learner's accepted candidates go into the

@@ -317,6 +317,33 @@ def test_linearize_with_std_gives_the_nominal_prediction_and_its_std_in_one_call
     assert std.shape == (12,) and np.all(std > 0)
 
 
+def test_linearize_batch_gives_what_the_filter_gets_at_each_state_and_changes_no_history():
+    """The stateless batch (a validation gate's) equals linearize_with_std with each row's history,
+    the analytic graph the filter runs included; the runner's own history is left alone."""
+    from robot_wm.paths import data_path
+
+    runner = WorldModelRunner(data_path("models", "world_model.onnx"), JOINTS, TASK.control_dt_s)
+    assert runner.linearization.startswith("analytic")
+    rng = np.random.default_rng(4)
+    b, h = 7, runner.action_history_length
+    q, qd = rng.normal(0.0, 0.5, (b, 6)), rng.normal(0.0, 0.3, (b, 6))
+    acts = rng.normal(0.0, 0.3, (b, h, 6))
+    before = runner.action_history
+    f0, jac, std = runner.linearize_batch(q, qd, acts)
+    np.testing.assert_array_equal(runner.action_history, before)
+    assert f0.shape == (b, 12) and jac.shape == (b, 12, 6) and std.shape == (b, 12)
+    for i in range(b):
+        runner.reset(action_history=acts[i, :-1])
+        f0_i, jac_i, std_i = runner.linearize_with_std(q[i], qd[i], acts[i, -1])
+        np.testing.assert_allclose(f0[i], f0_i, atol=1e-6)
+        np.testing.assert_allclose(jac[i], jac_i, atol=2e-4 * np.abs(jac_i).max())
+        np.testing.assert_allclose(std[i], std_i, rtol=1e-4, atol=1e-7)
+    with pytest.raises(WorldModelInputError, match="linearize_batch"):
+        runner.linearize_batch(q, qd, acts[:3])
+    with pytest.raises(WorldModelInputError, match="NaN"):
+        runner.linearize_batch(np.full((b, 6), np.nan), qd, acts)
+
+
 def test_the_linearization_graph_carries_no_weights_and_gives_the_same_numbers():
     """The hot swap builds the linearization graph on a loader thread beside the control thread: its
     layer weights are handed to the session from memory (external initializers), not copied into the

@@ -38,6 +38,12 @@ class Kinematics:
         q[self._perm] = q_rad
         return q
 
+    @property
+    def velocity_limits_radps(self) -> np.ndarray:
+        """The URDF's joint velocity limits (the hardware's), in joint order."""
+        v = [self.model.joints[self.model.getJointId(n)].idx_v for n in self.joint_names]
+        return np.asarray(self.model.velocityLimit[v], dtype=float)
+
     def frame_pose(self, q_rad: np.ndarray, frame: str | None = None) -> pin.SE3:
         """Return T_base_frame for the given joint positions (default frame: the tool)."""
         frame_id = self.tool_frame_id if frame is None else self.model.getFrameId(frame)

@@ -300,6 +300,35 @@ class WorldModelRunner:
         out = self.model.run(**feeds)
         return BatchPrediction(out[WM_NEXT_Q], out[WM_NEXT_QDOT], out[WM_EPISTEMIC_VAR], out[WM_ALEATORIC_VAR])
 
+    def linearize_batch(
+        self,
+        q_rad: np.ndarray,
+        qdot_radps: np.ndarray,
+        action_radps: np.ndarray,
+        qdot_history_radps: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stateless :meth:`linearize_with_std` of many states at once, by central differences
+        (``fd_step_radps``) on the current command, in one call of B (1 + 2 N) rows: what the
+        safety filter would be given at each of them (a validation gate, an evaluation).
+
+        Args: as :meth:`predict_batch` (the last command row of each is the nominal).
+        Returns:
+            f0 (B, STATE_DIM), B (B, STATE_DIM, N_JOINTS), total_std (B, STATE_DIM).
+        """
+        q, qd, a = (np.asarray(x, dtype=np.float64) for x in (q_rad, qdot_radps, action_radps))
+        if q.ndim != 2 or a.ndim != 3 or a.shape[0] != q.shape[0]:
+            raise WorldModelInputError(f"linearize_batch: q_rad {q.shape} / action_radps {a.shape}: expected "
+                                       f"(B, {N_JOINTS}) and (B, H, {N_JOINTS})")
+        rows = self._fd_delta.shape[0]  # the nominal, then +eps and -eps on each command component
+        acts = np.repeat(a, rows, axis=0)
+        acts[:, -1] += np.tile(self._fd_delta, (q.shape[0], 1))
+        hist = None if qdot_history_radps is None else np.repeat(np.asarray(qdot_history_radps, dtype=np.float64), rows, 0)
+        out = self.predict_batch(np.repeat(q, rows, 0), np.repeat(qd, rows, 0), acts, hist)
+        x = out.next_state.astype(np.float64).reshape(q.shape[0], rows, -1)
+        jac = (x[:, 1:1 + N_JOINTS] - x[:, 1 + N_JOINTS:]).transpose(0, 2, 1) / (2 * self.fd_step_radps)
+        var = (out.epistemic_var + out.aleatoric_var).astype(np.float64).reshape(q.shape[0], rows, -1)[:, 0]
+        return x[:, 0], jac, np.sqrt(var)
+
     def _window(self, actions: np.ndarray) -> np.ndarray:
         """(B, N) current commands -> (B, H, N) with the committed history in front."""
         past = np.repeat(self._actions[None], actions.shape[0], 0)

@@ -11,12 +11,17 @@ A candidate (``OnlineLearner.attempt``) is the active world model (rebuilt from 
 checked: ``world_model_from_onnx``) fine-tuned on the recent windows and a share of the reservoir
 and of simulator replay (against forgetting), early-stopped on windows it does not train on, its
 variance recalibrated (``robot_wm.learning.adapt``), exported, and judged by ``ValidationGate`` on
-the most recent ``validation_s`` seconds, which nothing was fit or tuned on:
+the most recent ``validation_s`` seconds, which nothing was fit or tuned on
+(``robot_wm.learning.online_gate``):
 
 * it must beat the active model there: its velocity RMSE lower by ``min_improvement`` (relative)
   and its NLL lower by ``min_nll_gain`` nats per state component;
 * its 90 % intervals must cover between ``coverage_band`` of the held-out errors (calibrated);
 * on a fixed simulator reference set its error may grow by at most ``max_sim_regression``;
+* linearized at each held-out and reference state about the command sent there, as the safety
+  filter linearizes it every period, the filter's own check (``check_model``) may refuse it at no
+  more of them than the active model (a slope of the wrong sign would stop the arm:
+  ``robot_wm.learning.online_gate``);
 * its exported ONNX must equal the torch model it came from (``parity_tol``).
 
 A candidate that fails is recorded with the reasons and dropped. One that passes becomes a model set
@@ -41,7 +46,13 @@ from typing import Any
 
 import numpy as np
 
-Z90 = 1.6448536269514722
+from robot_wm.learning.online_gate import (  # noqa: F401 (GateResult, HeldOut: re-exported)
+    GateResult,
+    HeldOut,
+    SlopeCheck,
+    ValidationGate,
+    held_out_samples,
+)
 
 
 @dataclass(frozen=True)
@@ -202,100 +213,6 @@ def _dataset(eps: np.ndarray, dt_s: float, joint_names, kinematics, label: str):
     q, qd, u = eps[:, :, 0], eps[:, :, 1], eps[:, :-1, 2]
     tool = np.array([[kinematics.tool_position_m(qi) for qi in ep] for ep in q])
     return Dataset(q, qd, u, tool, tuple(joint_names), dt_s, (label,) * len(eps), {"source": label})
-
-
-@dataclass
-class HeldOut:
-    """One-step samples with their true command histories (the gate's data)."""
-
-    q: np.ndarray  # (B, n)
-    qd: np.ndarray  # (B, n)
-    actions: np.ndarray  # (B, H, n), oldest first
-    next_state: np.ndarray  # (B, 2n)
-
-
-def held_out_samples(samples: np.ndarray, history: int) -> HeldOut:
-    """Every sample of a contiguous run that has ``history - 1`` commands before it and a next state."""
-    idx = np.arange(history - 1, len(samples) - 1)
-    acts = np.stack([samples[i - history + 1:i + 1, 2] for i in idx])
-    nxt = np.concatenate([samples[idx + 1, 0], samples[idx + 1, 1]], -1)
-    return HeldOut(samples[idx, 0], samples[idx, 1], acts, nxt)
-
-
-# ------------------------------------------------------------------------------------------ the gate
-@dataclass
-class GateResult:
-    """The gate's verdict on a candidate, with the numbers behind it."""
-
-    accepted: bool
-    reasons: list[str]
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        return "accepted: " + "; ".join(self.reasons) if self.accepted else "rejected: " + "; ".join(self.reasons)
-
-
-def _scores(runner, data: HeldOut) -> dict[str, float]:
-    """NLL (mean over components, constant dropped), velocity RMSE and 90 % coverage of a runner on held-out samples."""
-    out = runner.predict_batch(data.q, data.qd, data.actions)
-    mean = out.next_state.astype(float)
-    var = (out.epistemic_var + out.aleatoric_var).astype(float)
-    err = data.next_state - mean
-    n = data.q.shape[1]
-    nll = float(np.mean(err ** 2 / np.maximum(var, 1e-18) + np.log(np.maximum(var, 1e-18))))
-    z = np.abs(err) / np.sqrt(np.maximum(var, 1e-18))
-    return {"nll": nll, "rmse_qdot_radps": float(np.sqrt(np.mean(err[:, n:] ** 2))),
-            "coverage90": float(np.mean(z <= Z90))}
-
-
-class ValidationGate:
-    """Judges a candidate world model against the active one (see the module docstring)."""
-
-    def __init__(self, cfg: LearnerConfig, sim_reference: HeldOut | None) -> None:
-        self.cfg = cfg
-        self.sim_reference = sim_reference
-
-    def judge(self, candidate, active, held: HeldOut, parity_error: float) -> GateResult:
-        """``candidate``/``active``: WorldModelRunners; ``parity_error``: exported vs torch (relative)."""
-        cfg = self.cfg
-        cand, act = _scores(candidate, held), _scores(active, held)
-        metrics = {f"candidate_{k}": v for k, v in cand.items()} | {f"active_{k}": v for k, v in act.items()}
-        metrics["parity_rel_error"] = float(parity_error)
-        metrics["held_out_samples"] = float(len(held.q))
-        reasons, ok = [], True
-        gain = 1.0 - cand["rmse_qdot_radps"] / max(act["rmse_qdot_radps"], 1e-12)
-        metrics["rmse_gain"] = gain
-        metrics["nll_gain"] = act["nll"] - cand["nll"]
-        text = f"held-out qdot RMSE {cand['rmse_qdot_radps']:.4g} vs {act['rmse_qdot_radps']:.4g} rad/s ({gain:+.1%})"
-        if gain < cfg.min_improvement:
-            ok = False
-            reasons.append(f"{text}: less than {cfg.min_improvement:.0%} better")
-        else:
-            reasons.append(text)
-        text = f"NLL {cand['nll']:.3f} vs {act['nll']:.3f}"
-        if metrics["nll_gain"] < cfg.min_nll_gain:
-            ok = False
-            reasons.append(f"{text}: not {cfg.min_nll_gain:g} lower")
-        else:
-            reasons.append(text)
-        lo, hi = cfg.coverage_band
-        if not lo <= cand["coverage90"] <= hi:
-            ok = False
-            reasons.append(f"90 % intervals cover {cand['coverage90']:.3f} of the held-out errors (expected {lo:g}-{hi:g})")
-        if self.sim_reference is not None:
-            c_sim, a_sim = _scores(candidate, self.sim_reference), _scores(active, self.sim_reference)
-            metrics["candidate_sim_rmse_qdot_radps"] = c_sim["rmse_qdot_radps"]
-            metrics["active_sim_rmse_qdot_radps"] = a_sim["rmse_qdot_radps"]
-            growth = c_sim["rmse_qdot_radps"] / max(a_sim["rmse_qdot_radps"], 1e-12) - 1.0
-            metrics["sim_regression"] = growth
-            if growth > cfg.max_sim_regression:
-                ok = False
-                reasons.append(f"simulator reference error grew by {growth:.0%} (> {cfg.max_sim_regression:.0%})")
-        if not parity_error <= cfg.parity_tol:
-            ok = False
-            reasons.append(f"exported ONNX differs from the trained model by {parity_error:.2e} (> {cfg.parity_tol:g})")
-        return GateResult(ok, reasons, metrics)
 
 
 # ------------------------------------------------------------------------------------------ the learner
@@ -464,7 +381,8 @@ class OnlineLearner:
                 candidate = WorldModelRunner(set_dir / "world_model.onnx", self.names, self.dt_s, analytic=False)
                 current = WorldModelRunner(active.world_model_path, self.names, self.dt_s, analytic=False)
                 parity = _parity(model, candidate)
-                gate = ValidationGate(self.cfg, self._sim_reference(h))
+                gate = ValidationGate(self.cfg, self._sim_reference(h),
+                                      SlopeCheck(self.kin.velocity_limits_radps, self.dt_s, self.names))
                 att.verdict = gate.judge(candidate, current, held, parity)
                 att.world_model_version = candidate.version
                 if att.verdict.accepted:
