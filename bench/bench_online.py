@@ -20,6 +20,8 @@ Reported (a table, a PNG, and ONE JSON object on the last line):
 * the learner's attempts (accepted, rejected, time and CPU per attempt), its process's CPU (% of a
   core) and memory (RSS, PSS);
 * the reaching task's goals reached before and after the jump (from the goal sequencer's episodes).
+* the safety filter's faults (each stops the arm), when and of which kind: a ``model_implausible``
+  one is a swapped-in model the filter refuses.
 
 Usage: python bench/bench_online.py [--profile real_twin] [--before 60] [--after 120] [--payload-kg 2.5]
        [--realtime-priority 50] [--kill-learner-at S] [--out out/bench_online] [--json]
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,8 @@ class Observer:
         self.learner: dict[str, str] = {}
         self.trust_calibrations: list[tuple[float, dict[str, str]]] = []  # (wall s, diag values) at each change
         self.trust_levels: list[tuple[float, int]] = []  # (stamp s, level) at each change
+        self.filter_faults: list[tuple[float, str, str]] = []  # (stamp s, fault kind, reason) at each onset
+        self._filter_state = -1
         self.moving = False
         n = self.node
         n.create_subscription(WorldModelPrediction, "/robot_wm/prediction", self._on_prediction, qos)
@@ -91,6 +96,9 @@ class Observer:
         from robot_wm.msg import TrustState
 
         n.create_subscription(TrustState, "/robot_wm/trust", self._on_trust, qos)
+        from robot_wm.msg import SafetyStatus
+
+        n.create_subscription(SafetyStatus, "/robot_wm/safety_status", self._on_safety, qos)
         self.inject = n.create_client(InjectFault, "/arm_sim/inject_fault")
         from std_srvs.srv import Trigger
 
@@ -136,6 +144,11 @@ class Observer:
     def _on_trust(self, msg) -> None:
         if not self.trust_levels or self.trust_levels[-1][1] != msg.level:
             self.trust_levels.append((_stamp_s(msg), int(msg.level)))
+
+    def _on_safety(self, msg) -> None:
+        if msg.state == msg.FAULT and self._filter_state != msg.FAULT:  # a fault's onset: the filter stops the arm
+            self.filter_faults.append((_stamp_s(msg), msg.fault_kind, msg.fault_reason))
+        self._filter_state = msg.state
 
     def fault(self, kind: str, size: float) -> str:
         """Inject a lasting fault: ``payload`` (size: kg at the tool) or ``latency`` (size: s of command delay)."""
@@ -380,6 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         commands = np.array(sorted(obs.commands), dtype=float) * 1e-9
         updates, episodes, learner = list(obs.updates), list(obs.episodes), dict(obs.learner)
         calibrations, levels = list(obs.trust_calibrations), list(obs.trust_levels)
+        faults = list(obs.filter_faults)
         obs.close()
         group.stop()
         rclpy.shutdown(context=ctx)
@@ -388,6 +402,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     doc["same_data"] = counterfactual(pairs, updates, t_jump)
     doc["learner_diagnostics"] = learner
     doc["trust"] = trust_report(calibrations, levels, t0, t_jump, time.time())
+    # the filter's faults (each stops the arm): a model it refuses (model_implausible) is one the gate let in
+    doc["filter_faults"] = [{"t_s": round(ts - t_jump, 2), "kind": kind, "reason": why[:200]}
+                            for ts, kind, why in faults if ts >= t0]
     log = state / "online" / "reach.jsonl"
     attempts = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     doc["attempts"] = [{k: a.get(k) for k in ("accepted", "seconds", "cpu_s", "set_version", "error")}
@@ -631,6 +648,9 @@ def main() -> int:
         for k, d in doc["trust"]["by_calibration"].items():
             print(f"  trust level drops under the {k} calibration: {d['level_drops']} in {d['minutes']} min")
         print(f"  trust level drops at (s from the jump): {doc['trust']['level_drops_t_s']}")
+        kinds = Counter(f["kind"] for f in doc["filter_faults"] if f["t_s"] > 0)
+        print(f"  safety filter faults after the jump: {sum(kinds.values())}"
+              + (" (" + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ")" if kinds else ""))
         for r in doc.get("operator_recoveries", []):
             print(f"  operator after the STOP at {r['stop_s']:+.1f} s: " + "; ".join(f"{t:+.1f} s {e}" for t, e in r["events"]))
         after = doc["trust"]["after_jump"]
