@@ -284,6 +284,32 @@ def test_a_change_of_the_arm_right_after_a_swap_is_not_blamed_on_the_new_model()
     assert k is not None and "on the same periods (shadow)" in watch.verdict.reason
 
 
+def test_a_model_the_safety_filter_refuses_after_a_swap_is_rolled_back_at_once():
+    """Refusals of the just swapped-in model count within watch_s of its swap; ``refusals`` of them ask
+    for a rollback, however good its error; refusals of another version, of a model never swapped in,
+    or after the watch do not."""
+    cfg = SwapWatchConfig(factor=1.5, hold_s=1.0, window_s=1.0, watch_s=10.0, refusals=3)
+    watch = SwapWatch(cfg, DT)
+    for k in range(100):
+        watch.update(k * DT, "old", 0.01)
+    assert watch.refused(0.5, "old", "slope") is None  # the first model: no swap to undo
+    watch.update(1.0, "new", 0.005)
+    assert watch.refused(1.01, "old", "slope") is None  # the replaced model, late: not the new one's
+    assert watch.refused(1.02, "new", "slope B implausible") is None
+    assert watch.refused(3.0, "new", "slope B implausible") is None
+    verdict = watch.refused(4.0, "new", "model slope B implausible here (shoulder_lift_joint)")
+    assert verdict is not None and (verdict.version, verdict.previous_version) == ("new", "old")
+    assert "refused its linearization in 3 periods within 3.0 s" in verdict.reason and "shoulder_lift_joint" in verdict.reason
+    assert watch.refused(4.1, "new", "again") is None  # asked once
+    # a swap resets the count; refusals after the watch are not the swap's
+    watch.update(5.0, "newer", 0.005)
+    watch.refused(5.1, "newer", "x")
+    watch.refused(5.2, "newer", "x")
+    assert watch.refused(15.3, "newer", "x") is None
+    with pytest.raises(ValueError, match="refusals"):
+        SwapWatchConfig(refusals=0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.001, 0.1), min_size=50, max_size=50), st.floats(0.2, 1.4))
 def test_no_rollback_while_the_new_model_is_within_the_factor_of_the_old_on_the_same_periods(base, ratio):

@@ -274,6 +274,38 @@ def test_a_model_that_does_worse_on_the_live_arm_is_rolled_back(spawn, ros_conte
         client.close()
 
 
+def test_a_model_the_safety_filter_refuses_is_rolled_back_at_once(spawn, ros_context, registry, tmp_path):
+    """A set whose world model moves shoulder_lift the wrong way for its command (the current command's
+    input negated: no gate lets it in; activated by hand) is swapped in; the filter refuses its
+    linearization (MODEL_IMPLAUSIBLE) and stops the arm; the trust monitor rolls the registry back on
+    those refusals, long before the error rule's 10 s, and the arm moves again on the good model."""
+    env = {"ROBOT_WM_MODELS_DIR": os.environ["ROBOT_WM_MODELS_DIR"]}
+    procs, client, watcher = _start(spawn, ros_context, env)
+    try:
+        assert wait_for(lambda: _moving(watcher, client), 90.0), _logs(procs)
+        good_set = registry.active("reach").version
+        good = watcher.version()
+
+        def wrong_sign(model):
+            col = model.n_features - 6 * model.config.qdot_history - 6 + 1  # u_t of shoulder_lift
+            model.hidden[0].weight[:, col, :].mul_(-1.0)
+
+        bad = _variant(registry, tmp_path, "wrong_sign", wrong_sign)
+        _announce(watcher, registry, bad)
+        assert wait_for(lambda: any(u.action == "rollback" for u in watcher.updates), 60.0), _logs(procs)
+        rollback = next(u for u in watcher.updates if u.action == "rollback")
+        assert rollback.set_version == good_set and rollback.previous_set_version == bad.version
+        assert "the safety filter refused its linearization in 3 periods" in rollback.reason, rollback.reason
+        assert "shoulder_lift_joint" in rollback.reason, rollback.reason
+        assert registry.active("reach").version == good_set
+        assert wait_for(lambda: watcher.version() == good and watcher.filter_diag.get("world_model") == good, 30.0), \
+            (watcher.version(), watcher.filter_diag)
+        assert wait_for(lambda: _moving(watcher, client), 30.0), _logs(procs)
+        assert all(p.process.poll() is None for p in procs.values()), _logs(procs)
+    finally:
+        client.close()
+
+
 def test_killing_the_learner_leaves_the_control_path_running(spawn, ros_context, registry):
     env = {"ROBOT_WM_MODELS_DIR": os.environ["ROBOT_WM_MODELS_DIR"]}
     procs, client, watcher = _start(spawn, ros_context, env, learn=True, composed=False)

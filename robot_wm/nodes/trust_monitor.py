@@ -3,7 +3,8 @@
 Each control period it pairs the world model's prediction (/robot_wm/prediction, stamped with the
 joint state it started from, for one period later) with the joint state measured then
 (/joint_states: positions, velocities, efforts), adds the safety filter's verdict
-(/robot_wm/safety_status: FILTERING = an intervention) and runs ``robot_wm.core.trust``'s
+(/robot_wm/safety_status: FILTERING = an intervention; a MODEL_IMPLAUSIBLE fault after a world-model
+swap counts toward its rollback) and runs ``robot_wm.core.trust``'s
 ``TrustTracker``: calibrated signals, two-signal anomalies, levels that step down at once and up
 after a clean hold. Output: ``TrustState`` on /robot_wm/trust every period, a DiagnosticStatus on
 /diagnostics each second and on every level change, and ``~/acknowledge`` (std_srvs/Trigger) for
@@ -56,6 +57,8 @@ from robot_wm.nodes.trust_phases import STATUS_FRESH_S, PhaseOperations
 from robot_wm.nodes.trust_swap import CalibrationPrefetch, RollbackGuard, calibration_for, declare_rollback
 
 _FILTERING = 1  # SafetyStatus.STATE_FILTERING
+_FAULT = 5  # SafetyStatus.FAULT
+_REFUSED_MODEL = "model_implausible"  # FaultKind.MODEL_IMPLAUSIBLE: the filter refused the model here
 _DIAG_LEVELS = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.WARN,
                 3: DiagnosticStatus.ERROR, 4: DiagnosticStatus.ERROR}
 
@@ -400,6 +403,9 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
 
     def _on_status(self, msg: SafetyStatus) -> None:
         self._status = (time.monotonic(), int(msg.state))
+        if self._rollback is not None and msg.fault_kind == _REFUSED_MODEL and int(msg.state) == _FAULT:
+            # the filter refused the running world model's linearization this period: after a swap, the rollback's
+            self._rollback.refused(stamp_to_s(msg.header.stamp), self._model_version, msg.fault_reason)
         if self.tracker is not None and (msg.header.stamp.sec or msg.header.stamp.nanosec):
             # the filter publishes it with each command, stamped when both are sent: when the driver's
             # command timeout may have run (the tracker's rule), on the joint states' clock

@@ -141,7 +141,14 @@ class RollbackGuard:
         if model_version is None:
             return
         shadow = None if qdot_radps is None else self.shadow.error_for(t_s, qdot_radps, self.watch.previous_version)
-        verdict = self.watch.update(t_s, model_version, velocity_error, shadow)
+        self._roll_back(self.watch.update(t_s, model_version, velocity_error, shadow))
+
+    def refused(self, t_s: float, model_version: str | None, why: str) -> None:
+        """The safety filter refused the running model's linearization this period (a MODEL_IMPLAUSIBLE fault)."""
+        if model_version is not None:
+            self._roll_back(self.watch.refused(t_s, model_version, why))
+
+    def _roll_back(self, verdict) -> None:
         if verdict is None or not self.enabled:
             return
         from robot_wm.core.onnx_model import read_sidecar
@@ -176,7 +183,9 @@ def declare_rollback(node: Node) -> tuple[SwapWatchConfig, bool]:
         window_s=declare(node, "rollback_window_s", d.window_s, "the errors compared are medians over this (s)",
                          range_=(0.1, 600.0), read_only=True),
         watch_s=declare(node, "rollback_watch_s", d.watch_s, "a swap is watched this long (s)", range_=(1.0, 36000.0),
-                        read_only=True))
+                        read_only=True),
+        refusals=declare(node, "rollback_refusals", d.refusals, "... and rolled back at once when the safety filter "
+                         "refuses the new model's linearization in this many periods", range_=(1, 100000), read_only=True))
     enabled = declare(node, "rollback", True, "roll the registry back on such evidence (false: log it only)",
                       read_only=True)
     return config, enabled

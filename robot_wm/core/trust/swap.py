@@ -10,6 +10,12 @@ row asks for a rollback (``RollbackVerdict``). The reference is the replaced mod
 periods when the shadow gives it (a change of the arm itself, a payload picked up right after a swap,
 raises both and is not blamed on the new model), else the replaced model's median error of the last
 ``window_s`` before the swap. A swap back (a rollback) is watched like any other.
+
+The safety filter has a say too (``refused``): each period in which it refuses the new model's
+linearization (a MODEL_IMPLAUSIBLE fault: a slope of the wrong sign, a step the arm cannot make;
+the filter stops the arm for that period) counts, and ``refusals`` of them within ``watch_s`` of the
+swap ask for a rollback at once: the gate checks the filter's question on recorded states, the live
+arm can still find one it missed.
 """
 from __future__ import annotations
 
@@ -28,12 +34,15 @@ class SwapWatchConfig:
     hold_s: float = 5.0  # ... for this long in a row: roll back
     window_s: float = 5.0  # the medians are over this much of the most recent errors
     watch_s: float = 60.0  # watch this long after a swap
+    refusals: int = 3  # periods in which the safety filter refuses the new model, within watch_s: roll back
 
     def __post_init__(self) -> None:
         for name in ("factor", "hold_s", "window_s", "watch_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"rollback {name}={value!r}: expected a positive number")
+        if isinstance(self.refusals, bool) or not isinstance(self.refusals, int) or self.refusals < 1:
+            raise ValueError(f"rollback refusals={self.refusals!r}: expected a positive whole number of periods")
         if self.factor <= 1.0:
             raise ValueError(f"rollback factor={self.factor!r}: expected > 1 (the new model worse by that factor)")
 
@@ -62,6 +71,7 @@ class SwapWatch:
         self._swap_t: float | None = None
         self._over_since: float | None = None
         self._since_check = 0
+        self._refused = 0  # periods the safety filter refused the new model in (since the swap)
         self.verdict: RollbackVerdict | None = None  # the last rollback asked for (kept until the next swap)
 
     @property
@@ -86,6 +96,7 @@ class SwapWatch:
             self._recent.clear()
             self._paired.clear()
             self._over_since = None
+            self._refused = 0
             self.verdict = None
         if error is None or not math.isfinite(error):
             return None
@@ -124,6 +135,25 @@ class SwapWatch:
         else:
             self._over_since = None
         return None
+
+
+    def refused(self, t_s: float, version: str, why: str) -> RollbackVerdict | None:
+        """The safety filter refused ``version``'s linearization this period (``why``: its reason).
+
+        Returns a verdict the first time the refusals of a just swapped-in model reach ``refusals``
+        within ``watch_s`` of its swap, else None (no swap watched, another version, already asked).
+        """
+        if (version != self.version or self._swap_t is None or self.verdict is not None
+                or not self.previous_version or t_s - self._swap_t > self.config.watch_s):
+            return None
+        self._refused += 1
+        if self._refused < self.config.refusals:
+            return None
+        self.verdict = RollbackVerdict(
+            self.version, self.previous_version,
+            f"world model {self.version}: the safety filter refused its linearization in {self._refused} periods "
+            f"within {t_s - self._swap_t:.1f} s of the swap (last: {why})")
+        return self.verdict
 
 
 def _median(values) -> float:
