@@ -20,8 +20,8 @@ Reported (a table, a PNG, and ONE JSON object on the last line):
 * the learner's attempts (accepted, rejected, time and CPU per attempt), its process's CPU (% of a
   core) and memory (RSS, PSS);
 * the reaching task's goals reached before and after the jump (from the goal sequencer's episodes).
-* the safety filter's faults (each stops the arm), when and of which kind: a ``model_implausible``
-  one is a swapped-in model the filter refuses.
+* the safety filter's controlled stops (STOPPING or FAULT onsets), when and of which kind: a
+  ``model_implausible`` one is a swapped-in model the filter refuses.
 
 Usage: python bench/bench_online.py [--profile real_twin] [--before 60] [--after 120] [--payload-kg 2.5]
        [--realtime-priority 50] [--kill-learner-at S] [--out out/bench_online] [--json]
@@ -79,7 +79,7 @@ class Observer:
         self.learner: dict[str, str] = {}
         self.trust_calibrations: list[tuple[float, dict[str, str]]] = []  # (wall s, diag values) at each change
         self.trust_levels: list[tuple[float, int]] = []  # (stamp s, level) at each change
-        self.filter_faults: list[tuple[float, str, str]] = []  # (stamp s, fault kind, reason) at each onset
+        self.filter_stops: list[tuple[float, str, str]] = []  # (stamp s, kind, reason) at each controlled stop's onset
         self._filter_state = -1
         self.moving = False
         n = self.node
@@ -146,8 +146,9 @@ class Observer:
             self.trust_levels.append((_stamp_s(msg), int(msg.level)))
 
     def _on_safety(self, msg) -> None:
-        if msg.state == msg.FAULT and self._filter_state != msg.FAULT:  # a fault's onset: the filter stops the arm
-            self.filter_faults.append((_stamp_s(msg), msg.fault_kind, msg.fault_reason))
+        stops = (msg.STOPPING, msg.FAULT)  # a controlled stop's onset: the filter brakes the arm
+        if msg.state in stops and self._filter_state not in stops:
+            self.filter_stops.append((_stamp_s(msg), msg.fault_kind or msg.state_text, msg.fault_reason))
         self._filter_state = msg.state
 
     def fault(self, kind: str, size: float) -> str:
@@ -393,7 +394,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         commands = np.array(sorted(obs.commands), dtype=float) * 1e-9
         updates, episodes, learner = list(obs.updates), list(obs.episodes), dict(obs.learner)
         calibrations, levels = list(obs.trust_calibrations), list(obs.trust_levels)
-        faults = list(obs.filter_faults)
+        faults = list(obs.filter_stops)
         obs.close()
         group.stop()
         rclpy.shutdown(context=ctx)
@@ -402,8 +403,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     doc["same_data"] = counterfactual(pairs, updates, t_jump)
     doc["learner_diagnostics"] = learner
     doc["trust"] = trust_report(calibrations, levels, t0, t_jump, time.time())
-    # the filter's faults (each stops the arm): a model it refuses (model_implausible) is one the gate let in
-    doc["filter_faults"] = [{"t_s": round(ts - t_jump, 2), "kind": kind, "reason": why[:200]}
+    # the filter's controlled stops (STOPPING or FAULT): a model it refuses (model_implausible) is one the gate let in
+    doc["filter_stops"] = [{"t_s": round(ts - t_jump, 2), "kind": kind, "reason": why[:200]}
                             for ts, kind, why in faults if ts >= t0]
     log = state / "online" / "reach.jsonl"
     attempts = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
@@ -648,8 +649,8 @@ def main() -> int:
         for k, d in doc["trust"]["by_calibration"].items():
             print(f"  trust level drops under the {k} calibration: {d['level_drops']} in {d['minutes']} min")
         print(f"  trust level drops at (s from the jump): {doc['trust']['level_drops_t_s']}")
-        kinds = Counter(f["kind"] for f in doc["filter_faults"] if f["t_s"] > 0)
-        print(f"  safety filter faults after the jump: {sum(kinds.values())}"
+        kinds = Counter(f["kind"] for f in doc["filter_stops"] if f["t_s"] > 0)
+        print(f"  safety filter controlled stops after the jump: {sum(kinds.values())}"
               + (" (" + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ")" if kinds else ""))
         for r in doc.get("operator_recoveries", []):
             print(f"  operator after the STOP at {r['stop_s']:+.1f} s: " + "; ".join(f"{t:+.1f} s {e}" for t, e in r["events"]))
