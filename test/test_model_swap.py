@@ -305,3 +305,40 @@ def test_the_learner_announces_every_rejection_whatever_kind_came_before():
                 node.destroy_node()
         finally:
             rclpy.shutdown(context=context)
+
+
+def test_the_second_loader_of_the_same_file_and_hash_shares_the_first_ones_session(tmp_path):
+    """The composed process's world_model node and safety filter load each announced model in turn: the
+    second shares the first's onnxruntime session (one creation less while the control thread runs
+    beside it), and both runners predict the same. Another hash, another file or no hash: a session of
+    its own. A model handed in for another file, or of another period, is refused."""
+    import shutil
+
+    import numpy as np
+
+    from robot_wm import description
+    from robot_wm.core.onnx_model import ModelError, load_model, sha256_file
+    from robot_wm.core.world_model_runner import WorldModelRunner
+    from robot_wm.nodes import model_swap
+    from robot_wm.paths import data_path
+
+    joints = tuple(description.joint_limits(description.expand()).names)
+    src = data_path("models", "world_model.onnx")
+    path = tmp_path / "a" / "world_model.onnx"
+    path.parent.mkdir()
+    shutil.copy(src, path)
+    shutil.copy(src.with_suffix(".json"), path.with_suffix(".json"))
+    sha = sha256_file(path)
+    first = model_swap.load_runner(path, joints, 0.01, analytic=False, sha256=sha)
+    second = model_swap.load_runner(path, joints, 0.01, analytic=True, sha256=sha)
+    assert second.model.session is first.model.session and second.linearization.startswith("analytic")
+    q, qd, u = np.full(6, 0.1), np.full(6, -0.2), np.full(6, 0.3)
+    np.testing.assert_array_equal(first.predict(q, qd, u, commit=False).next_state,
+                                  second.predict(q, qd, u, commit=False).next_state)
+    assert model_swap.load_runner(path, joints, 0.01, analytic=False).model.session is not first.model.session
+    assert model_swap.load_runner(path, joints, 0.01, analytic=False, sha256="0" * 64).model.session \
+        is not first.model.session
+    with pytest.raises(ModelError, match="loaded from"):
+        WorldModelRunner(src, joints, 0.01, model=load_model(path, "world_model"))
+    with pytest.raises(ModelError, match="dt_s"):
+        WorldModelRunner(path, joints, 0.002, model=first.model)
