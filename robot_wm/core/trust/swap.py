@@ -136,7 +136,6 @@ class SwapWatch:
             self._over_since = None
         return None
 
-
     def refused(self, t_s: float, version: str, why: str) -> RollbackVerdict | None:
         """The safety filter refused ``version``'s linearization this period (``why``: its reason).
 
