@@ -158,24 +158,13 @@ def load_model(
     """
     onnx_path = Path(onnx_path)
     meta = read_sidecar(onnx_path)
-    check_fits(onnx_path, meta, kind, joint_names, dt_s)
+    if meta["model_kind"] != kind:
+        raise ModelError(f"{onnx_path.name}: is a {meta['model_kind']!r} model, expected {kind!r}")
+    if joint_names is not None and list(meta["joint_names"]) != list(joint_names):
+        raise ModelError(f"{onnx_path.name}: joint order {meta['joint_names']} differs from the robot's {list(joint_names)}")
+    if dt_s is not None and not np.isclose(float(meta["dt_s"]), dt_s):
+        raise ModelError(f"{onnx_path.name}: trained for dt_s={meta['dt_s']}, the controller runs at dt_s={dt_s}")
     session = make_session(onnx_path)
     _check_signature("inputs", meta["inputs"], session.get_inputs(), onnx_path)
     _check_signature("outputs", meta["outputs"], session.get_outputs(), onnx_path)
     return OnnxModel(onnx_path, meta, session)
-
-
-def check_fits(onnx_path: Path, meta: dict[str, Any], kind: str, joint_names=None, dt_s: float | None = None) -> None:
-    """Refuse a model (its sidecar ``meta``) of another kind, joint order or control period (``load_model``'s
-    checks, for a model loaded already).
-
-    Raises:
-        ModelError: naming what differs.
-    """
-    name = Path(onnx_path).name
-    if meta["model_kind"] != kind:
-        raise ModelError(f"{name}: is a {meta['model_kind']!r} model, expected {kind!r}")
-    if joint_names is not None and list(meta["joint_names"]) != list(joint_names):
-        raise ModelError(f"{name}: joint order {meta['joint_names']} differs from the robot's {list(joint_names)}")
-    if dt_s is not None and not np.isclose(float(meta["dt_s"]), dt_s):
-        raise ModelError(f"{name}: trained for dt_s={meta['dt_s']}, the controller runs at dt_s={dt_s}")

@@ -38,7 +38,7 @@ from robot_wm.contracts import (
     WORLD_MODEL_KIND,
     world_model_signature,
 )
-from robot_wm.core.onnx_model import ModelError, OnnxModel, check_contract, check_fits, load_model
+from robot_wm.core.onnx_model import ModelError, OnnxModel, check_contract, load_model
 from robot_wm.core.wm_linearization import Linearizer, build_linearizer
 
 
@@ -106,24 +106,15 @@ class WorldModelRunner:
         fd_step_radps: finite-difference step on the command used by ``linearize`` when the
             model has no linearization graph (and by the check of that graph).
         analytic: False = always linearize by finite differences (comparisons, benchmarks).
-        model: ``onnx_path`` loaded already (``load_model``: its sidecar, hash and session checked), to
-            share its session with another runner of the same file in this process; checked again
-            for this arm and period here. onnxruntime runs one session from several threads.
     Raises:
         ModelError: the model is missing, corrupted, or does not match joints / dt / layout.
     """
 
     def __init__(
         self, onnx_path: Path, joint_names: tuple[str, ...] | list[str], dt_s: float, fd_step_radps: float = 1e-2,
-        analytic: bool = True, model: OnnxModel | None = None,
+        analytic: bool = True,
     ) -> None:
-        if model is None:
-            model = load_model(onnx_path, WORLD_MODEL_KIND, joint_names, dt_s)
-        elif Path(model.path).resolve() != Path(onnx_path).resolve():
-            raise ModelError(f"{Path(onnx_path).name}: the model given was loaded from {model.path}")
-        else:
-            check_fits(onnx_path, model.meta, WORLD_MODEL_KIND, joint_names, dt_s)
-        self.model: OnnxModel = model
+        self.model: OnnxModel = load_model(onnx_path, WORLD_MODEL_KIND, joint_names, dt_s)
         inputs = {d["name"]: d["shape"] for d in self.model.meta["inputs"]}
         # the history lengths H and K are the model's own; everything else is the contract's
         h_shape, k_shape = inputs.get(WM_ACTIONS), inputs.get(WM_QDOT_HISTORY)

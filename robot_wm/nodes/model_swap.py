@@ -113,7 +113,7 @@ class WorldModelSwap:
                                  "a late or stale announcement")
             if msg.sha256 and sha256_file(path) != msg.sha256:
                 raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
-            runner = self._load_runner(path, msg.sha256)
+            runner = self._load_runner(path)
         except Exception as exc:  # noqa: BLE001 (anything that fails to load is refused, never raised)
             self.last_refusal = f"model update {msg.set_version} ({msg.action}) refused: {type(exc).__name__}: {exc}"
             self.node.get_logger().error(f"{self.last_refusal}; keeping the current {self.KIND.replace('_', ' ')}")
@@ -124,8 +124,8 @@ class WorldModelSwap:
                                     + (f"(linearized by {runner.linearization}) " if self.analytic else "")
                                     + "off the control thread: swapped in at the next period")
 
-    def _load_runner(self, path, sha256: str = ""):
-        return load_runner(path, self.joint_names, self.dt_s, self.analytic, sha256)
+    def _load_runner(self, path):
+        return load_runner(path, self.joint_names, self.dt_s, self.analytic)
 
     def _next(self, current):
         """The loaded (runner, update) unless there is none or ``current`` is that model already."""
@@ -168,7 +168,7 @@ class PolicySwap(WorldModelSwap):
                  in_use: Callable[[], str | None] | None = None) -> None:
         super().__init__(node, task, joint_names, dt_s, analytic=False, in_use=in_use)
 
-    def _load_runner(self, path, sha256: str = ""):
+    def _load_runner(self, path):
         import numpy as np
 
         from robot_wm.core.policy_runner import PolicyRunner, layout_width
@@ -206,26 +206,16 @@ def _release_later(box: list, after_s: float) -> None:
     box.clear()
 
 
-def load_runner(path, joint_names, dt_s: float, analytic: bool, sha256: str = ""):
+def load_runner(path, joint_names, dt_s: float, analytic: bool):
     """The loader's work: the runner of ``path`` (checked as a world model of this arm and period; with
     its linearization graph when ``analytic``), its sessions already run a few times. onnxruntime's first
     runs of a session allocate and plan, which would otherwise fall on the control thread's first
-    periods with it.
-
-    ``sha256``: the file's hash, checked by the caller against the file (the announced one). The composed
-    process's world_model node and safety filter load each announced model one after the other; the
-    second shares the first's onnxruntime session (``_shared``) instead of making its own: creating one
-    holds the interpreter lock for about 3 ms, which the control thread beside the loader waits for."""
+    periods with it."""
     import numpy as np
 
     from robot_wm.core.world_model_runner import WorldModelRunner
 
-    global _shared
-    key = (str(Path(path).resolve()), sha256)
-    model = _shared[1] if sha256 and _shared is not None and _shared[0] == key else None
-    runner = WorldModelRunner(path, joint_names, dt_s, analytic=analytic, model=model)
-    if sha256:
-        _shared = (key, runner.model)
+    runner = WorldModelRunner(path, joint_names, dt_s, analytic=analytic)
     n = len(runner.joint_names)
     q, zero = np.zeros(n), np.zeros(n)
     for _ in range(3):
@@ -242,9 +232,6 @@ def load_runner(path, joint_names, dt_s: float, analytic: bool, sha256: str = ""
 #: 118 in turn. (The in-process bench_swap_load.py showed no difference: its loads never overlap a real
 #: executor's callbacks.)
 _LOADS_IN_TURN = threading.Lock()
-#: The world model the last loader of this process made, ((resolved path, its verified SHA-256), OnnxModel):
-#: the next loader of the same file and hash shares its session (``load_runner``). One entry: the newest.
-_shared: tuple[tuple[str, str], object] | None = None
 _interval_lock = threading.Lock()
 _interval_users = 0  # loader threads inside loader_scheduling (the filter's and the world model's may overlap)
 _interval_before = 0.0  # the switch interval before the first of them
