@@ -15,7 +15,8 @@ from typing import Any
 
 
 ANNOUNCE_WAIT_S = 5.0  # at most this long the CLI waits for a running graph to discover it (less when one does)
-ANNOUNCE_SETTLE_S = 1.0  # ... and this long after the first of its nodes has
+ANNOUNCE_SETTLE_S = 1.0  # ... and this long after the last of its nodes has
+ANNOUNCE_MAX_S = 15.0  # in all
 
 def _registry():
     from robot_wm.registry import Registry
@@ -161,14 +162,7 @@ def _announce(args: argparse.Namespace, action: str, reason: str, previous: str 
     try:
         node = rclpy.create_node("robot_wm_models_cli", context=context)
         pub = node.create_publisher(ModelUpdate, UPDATE_TOPIC, UPDATE_QOS)
-        deadline = time.monotonic() + ANNOUNCE_WAIT_S  # discovery: let a running graph's nodes match us
-        while time.monotonic() < deadline and pub.get_subscription_count() == 0:
-            time.sleep(0.05)
-        if pub.get_subscription_count():  # one matched: give the graph's other nodes a moment to match too
-            settle = time.monotonic() + ANNOUNCE_SETTLE_S
-            while time.monotonic() < settle:
-                time.sleep(0.05)
-        listeners = pub.get_subscription_count()
+        listeners = _wait_for_listeners(node, pub)
         announce(node, pub, args.task, action, reason, previous_set=previous)
         pub.wait_for_all_acked(Duration(seconds=ANNOUNCE_WAIT_S))  # delivered before the node goes
         print(f"announced on /robot_wm/model_update ({listeners} running node(s) listening: they swap it in "
@@ -176,6 +170,33 @@ def _announce(args: argparse.Namespace, action: str, reason: str, previous: str 
         node.destroy_node()
     finally:
         rclpy.shutdown(context=context)
+
+
+def _wait_for_listeners(node, pub) -> int:
+    """Let a running graph's nodes match the announcement's publisher (discovery), and return how many did.
+
+    Waits up to ``ANNOUNCE_WAIT_S`` for the first; then until every subscriber the graph knows of has
+    matched and no new one has for ``ANNOUNCE_SETTLE_S``, within ``ANNOUNCE_MAX_S`` in all. A loaded machine
+    can discover the nodes one by one over more than a second; a reader that matches after the publisher
+    has gone never hears the announcement (it is acknowledged only by those matched). A fixed second
+    after the first match is what a CI run's rollback had when it never reached the filter and the
+    world_model node."""
+    from robot_wm.nodes.model_swap import UPDATE_TOPIC
+
+    start = time.monotonic()
+    seen, since = 0, start
+    while True:
+        now = time.monotonic()
+        matched = pub.get_subscription_count()
+        if matched != seen:
+            seen, since = matched, now
+        if not matched and now - start >= ANNOUNCE_WAIT_S:
+            return 0
+        if matched and matched >= node.count_subscribers(UPDATE_TOPIC) and now - since >= ANNOUNCE_SETTLE_S:
+            return matched
+        if now - start >= ANNOUNCE_MAX_S:
+            return matched
+        time.sleep(0.05)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

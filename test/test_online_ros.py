@@ -177,7 +177,7 @@ def test_an_announced_model_is_swapped_in_between_two_periods_without_a_gap(spaw
                              text=True, timeout=60, env=dict(os.environ))
         assert out.returncode == 0 and "announced on /robot_wm/model_update" in out.stdout, out.stdout + out.stderr
         assert wait_for(lambda: watcher.version() == before and watcher.filter_diag.get("world_model") == before, 30.0), \
-            (watcher.version(), watcher.filter_diag)
+            (watcher.version(), watcher.filter_diag, out.stdout, _logs(procs))
         assert all(p.process.poll() is None for p in procs.values()), _logs(procs)
     finally:
         client.close()
