@@ -431,6 +431,7 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
         js = list(mon.js)
         js_stamps = list(mon.js_stamps)
         status = [s for s in mon.status if s[0] >= t0]  # from the operator's enable on
+        stop_periods = [s for s in mon.stops if s[0] >= t0]  # the same moment's: the stack still runs
         events = [(t - t0, e) for t, e in mon.events]
         trust = [x for x in mon.trust if x[0] >= t0]
     q = np.array([x[1] for x in js])
@@ -441,8 +442,8 @@ def _summarize(mon, kin, limits, profile, duration_s, t0, estop_at, reset_ok, ta
     in_push = (t_speed >= push_at) & (t_speed < push_at + PUSH_WINDOW_S) if push_at is not None else np.zeros(len(t_speed), bool)
     states = Counter(s[2] for s in status)
     stops: dict[str, str] = {}
-    for kind, n in Counter(k for t, k, _ in mon.stops if t >= t0).items():
-        first = next(r for t, k, r in mon.stops if t >= t0 and k == kind)
+    for kind, n in Counter(k for _, k, _ in stop_periods).items():
+        first = next(r for _, k, r in stop_periods if k == kind)
         stops[kind] = f"{n} periods; first: {first}"
     active = Counter(c for s in status for c in s[5])
     solve = np.array([s[4] for s in status if s[4] > 0]) * 1e6
