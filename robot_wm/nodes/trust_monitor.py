@@ -404,7 +404,7 @@ class TrustMonitorNode(LiveCalibration, PhaseOperations, ControlNode):
     def _on_status(self, msg: SafetyStatus) -> None:
         self._status = (time.monotonic(), int(msg.state))
         if self._rollback is not None and msg.fault_kind == _REFUSED_MODEL and int(msg.state) == _FAULT:
-            # the filter refused the running world model's linearization this period: after a swap, the rollback's
+            # the filter refused the running world model's linearization this period: counts toward a rollback after a swap
             self._rollback.refused(stamp_to_s(msg.header.stamp), self._model_version, msg.fault_reason)
         if self.tracker is not None and (msg.header.stamp.sec or msg.header.stamp.nanosec):
             # the filter publishes it with each command, stamped when both are sent: when the driver's
