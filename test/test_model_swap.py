@@ -305,3 +305,71 @@ def test_the_learner_announces_every_rejection_whatever_kind_came_before():
                 node.destroy_node()
         finally:
             rclpy.shutdown(context=context)
+
+
+def test_a_period_ends_with_the_latest_control_path_node_still_running_periods():
+    """In the composed process the policy acts, the filter sends the command and the world model predicts
+    from it: the period's work ends with the prediction, not half-way. A node that stops marking (100 ms)
+    no longer holds the end back; a node alone ends its own periods."""
+    from robot_wm.nodes.model_swap import PLACE_FILTER, PLACE_POLICY, PLACE_WORLD_MODEL, PeriodEnds
+
+    now = [0]
+    ends = PeriodEnds(clock=lambda: now[0])  # a clock of the test's own: no load can age a node's marks
+    ends.mark(PLACE_FILTER)  # alone so far: its mark ends a period
+    assert ends.count == 1
+    ends.mark(PLACE_WORLD_MODEL)  # the world_model node's first prediction
+    assert ends.count == 2
+    for _ in range(3):
+        before = ends.count
+        ends.mark(PLACE_POLICY)
+        ends.mark(PLACE_FILTER)
+        assert ends.count == before, "a period ended before the world model's prediction"
+        ends.mark(PLACE_WORLD_MODEL)
+        assert ends.count == before + 1
+    for period in range(1, 21):  # the world_model node stops predicting; the others go on every 10 ms
+        now[0] += 10_000_000
+        before = ends.count
+        ends.mark(PLACE_POLICY)
+        assert ends.count == before
+        ends.mark(PLACE_FILTER)
+        assert ends.count == before + (period > 10)  # once its last prediction is over 100 ms old
+
+
+def test_a_loader_step_starts_right_after_a_period_ends_and_never_waits_for_one_that_does_not_come():
+    import time
+
+    from robot_wm.nodes.model_swap import PLACE_FILTER, PeriodEnds
+
+    ends = PeriodEnds()
+    started = time.monotonic()
+    assert ends.wait_for_slack(0.05) is False  # no control period runs (an inactive node): go on
+    assert 0.04 <= time.monotonic() - started < 5.0
+    seen = {}
+
+    def step() -> None:
+        seen["ok"] = ends.wait_for_slack(60.0)
+
+    def a_period_ends() -> bool:  # every 10 ms until the step has started (one before it waits is not its slack)
+        ends.mark(PLACE_FILTER)
+        return "ok" in seen
+
+    t = threading.Thread(target=step)
+    t.start()
+    assert wait_for(a_period_ends, 30.0)
+    t.join(10.0)
+    assert seen["ok"] is True  # it started in a period's slack (woken within 1 ms of its end), not at its timeout
+
+
+def test_a_paced_load_waits_for_the_slack_before_each_step_that_holds_the_interpreter_lock():
+    """Each step of a load of a millisecond or more (each session's creation, parsing and building the
+    linearization graph, each sample of its check, each warm-up run) waits for the slack first."""
+    from robot_wm.contracts import JOINT_NAMES
+    from robot_wm.nodes.model_swap import load_runner
+    from robot_wm.paths import data_path
+
+    path = data_path("models", "world_model.onnx")
+    for analytic, steps in ((True, 1 + 3 + 4 + 3), (False, 1 + 3)):
+        calls = []
+        runner = load_runner(path, JOINT_NAMES, 0.01, analytic, pace=lambda: calls.append(1))
+        assert len(calls) == steps, (analytic, len(calls))
+        assert runner.linearization.startswith("analytic") == analytic

@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -143,6 +143,7 @@ def load_model(
     kind: str,
     joint_names: tuple[str, ...] | list[str] | None = None,
     dt_s: float | None = None,
+    pace: Callable[[], object] | None = None,
 ) -> OnnxModel:
     """Load ``onnx_path`` after validating its sidecar against what the caller needs.
 
@@ -151,6 +152,8 @@ def load_model(
         kind: expected ``model_kind`` ("policy", "world_model").
         joint_names: expected joint order, or None to skip the check.
         dt_s: expected control period, or None to skip the check.
+        pace: called just before the session is created, a call that holds the interpreter lock for
+            milliseconds (a hot swap's loader waits there for the slack after a control period).
     Returns:
         The validated model with a single-thread session.
     Raises:
@@ -164,6 +167,8 @@ def load_model(
         raise ModelError(f"{onnx_path.name}: joint order {meta['joint_names']} differs from the robot's {list(joint_names)}")
     if dt_s is not None and not np.isclose(float(meta["dt_s"]), dt_s):
         raise ModelError(f"{onnx_path.name}: trained for dt_s={meta['dt_s']}, the controller runs at dt_s={dt_s}")
+    if pace is not None:
+        pace()
     session = make_session(onnx_path)
     _check_signature("inputs", meta["inputs"], session.get_inputs(), onnx_path)
     _check_signature("outputs", meta["outputs"], session.get_outputs(), onnx_path)

@@ -20,7 +20,7 @@ Only numpy and onnxruntime (through ``robot_wm.core.onnx_model``) are used: no t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -125,6 +125,7 @@ class PolicyRunner:
             sidecar's ``extra.action_limit_radps``. Given both, the tighter limit of each joint applies.
         task: the task the caller runs ("reach", "track"); None accepts a policy of any task (see
             ``self.task``). The sidecar names its task (no name: reach) and its observation layout.
+        pace: called just before the session is created (``load_model``).
     Raises:
         ModelError: missing/corrupt model or sidecar, wrong kind, joint order, period, graph signature,
             task, observation layout, or no action limits known.
@@ -137,8 +138,9 @@ class PolicyRunner:
         dt_s: float,
         action_limit_radps: np.ndarray | list[float] | tuple[float, ...] | None = None,
         task: str | None = None,
+        pace: Callable[[], object] | None = None,
     ) -> None:
-        self.model = load_model(Path(onnx_path), kind=POLICY_KIND, joint_names=joint_names, dt_s=dt_s)
+        self.model = load_model(Path(onnx_path), kind=POLICY_KIND, joint_names=joint_names, dt_s=dt_s, pace=pace)
         meta = self.model.meta
         name = self.model.path.name
         #: The task this policy was trained for ("reach" for sidecars that name none).

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -284,7 +284,8 @@ JACOBIAN_TOL = 2e-3  # of the Jacobian's largest entry
 
 
 def build_linearizer(onnx_path: Path, sidecar: dict[str, Any], run_exported, *, seed: int = 0,
-                     samples: int = 4, fd_step_radps: float = 1e-2) -> tuple[Linearizer | None, str]:
+                     samples: int = 4, fd_step_radps: float = 1e-2,
+                     pace: Callable[[], object] | None = None) -> tuple[Linearizer | None, str]:
     """The linearizer of an exported world model, checked against that model; or (None, why not).
 
     Args:
@@ -292,18 +293,27 @@ def build_linearizer(onnx_path: Path, sidecar: dict[str, Any], run_exported, *, 
         run_exported: ``feeds -> {output name: array}`` of the exported graph (``OnnxModel.run``).
         seed, samples: random batch-1 inputs of the parity check.
         fd_step_radps: the central-difference step the Jacobian is compared with.
+        pace: called before each step of about a millisecond or more (parsing the exported graph,
+            building the new one, creating its session, each sample of the check): a hot swap's loader
+            waits there for the slack after a control period.
     """
+    pace = pace or (lambda: None)
+    pace()
     weights = read_ensemble(onnx_path, sidecar)
     if isinstance(weights, str):
         return None, weights
     try:
-        lin = Linearizer(*linearization_graph(weights))
+        pace()
+        graph, external = linearization_graph(weights)
+        pace()
+        lin = Linearizer(graph, external)
     except Exception as exc:  # noqa: BLE001 (onnx/onnxruntime raise their own types)
         return None, f"the linearization graph does not build: {type(exc).__name__}: {exc}"
     rng = np.random.default_rng(seed)
     h, k, n = weights.action_history, weights.qdot_history, N_JOINTS
     eye = np.vstack([np.zeros(n), fd_step_radps * np.eye(n), -fd_step_radps * np.eye(n)])
     for _ in range(samples):
+        pace()
         feeds = {WM_Q: rng.uniform(-2.0, 2.0, (1, n)), WM_QDOT: rng.uniform(-1.0, 1.0, (1, n)),
                  WM_ACTIONS: rng.uniform(-1.0, 1.0, (1, h, n))}
         if k:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -106,15 +107,17 @@ class WorldModelRunner:
         fd_step_radps: finite-difference step on the command used by ``linearize`` when the
             model has no linearization graph (and by the check of that graph).
         analytic: False = always linearize by finite differences (comparisons, benchmarks).
+        pace: called before each step of the load that holds the interpreter lock for milliseconds
+            (session creation, graph parsing): the hot swap's loader waits there for a control period's slack.
     Raises:
         ModelError: the model is missing, corrupted, or does not match joints / dt / layout.
     """
 
     def __init__(
         self, onnx_path: Path, joint_names: tuple[str, ...] | list[str], dt_s: float, fd_step_radps: float = 1e-2,
-        analytic: bool = True,
+        analytic: bool = True, pace: Callable[[], object] | None = None,
     ) -> None:
-        self.model: OnnxModel = load_model(onnx_path, WORLD_MODEL_KIND, joint_names, dt_s)
+        self.model: OnnxModel = load_model(onnx_path, WORLD_MODEL_KIND, joint_names, dt_s, pace=pace)
         inputs = {d["name"]: d["shape"] for d in self.model.meta["inputs"]}
         # the history lengths H and K are the model's own; everything else is the contract's
         h_shape, k_shape = inputs.get(WM_ACTIONS), inputs.get(WM_QDOT_HISTORY)
@@ -141,7 +144,7 @@ class WorldModelRunner:
         self.linearization = "finite differences (analytic=False)"
         if analytic:
             self._linearizer, why = build_linearizer(self.model.path, self.model.meta, lambda f: self.model.run(**f),
-                                                     fd_step_radps=self.fd_step_radps)
+                                                     fd_step_radps=self.fd_step_radps, pace=pace)
             self.linearization = "analytic (forward mode, one batch-1 call)" if self._linearizer is not None else \
                 f"finite differences ({why})"
         self.joint_names = tuple(joint_names)

@@ -10,12 +10,21 @@ The control thread then calls ``take`` at the start of a period: the new runner,
 command history of the one it replaces, or None. Loading never happens on the control thread, and
 nothing is swapped half-way through a period. A model that fails to load is refused with the reason
 (logged; ``last_refusal``) and the current one stays.
+
+The loader shares the interpreter lock with the control thread. A few steps of a load hold it for
+milliseconds in one C call (creating an onnxruntime session: 3 ms; freeing one when a replaced model
+is retired), and whenever the control thread lets the lock go in a period (each onnxruntime run, each
+publish) a loader running beside it takes it for up to a switch interval. So the loader runs its
+steps (each a few milliseconds at most) in the slack after a period's work: ``PERIOD_ENDS``, which the
+control-path nodes of the process mark at the end of their work each period, and each step starts
+within 1 ms of such an end, so that the lock is free again before the next period begins.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -26,6 +35,12 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 SWAP_ACTIONS = ("activate", "rollback")
 _SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while a model loads (default 5 ms)
 _RETIRE_AFTER_S = 1.0  # a replaced model is freed this long after the swap, off the control thread
+_SLACK_WAIT_S = 0.05  # a loader's step waits at most this long for a period to end (none runs: it goes on)
+_SLACK_START_NS = 1_000_000  # and starts only this soon after the end (woken later, it waits for the next)
+_ACTIVE_NS = 100_000_000  # a node that has not marked a period end for this long is not running periods
+#: places in a period of the control-path nodes (``PeriodEnds.mark``): the policy acts on the joint state,
+#: the safety filter sends the command, the world_model node predicts from the command sent
+PLACE_POLICY, PLACE_FILTER, PLACE_WORLD_MODEL = 0, 1, 2
 UPDATE_TOPIC = "/robot_wm/model_update"
 #: QoS of /robot_wm/model_update, publishers and subscribers alike: reliable, and kept for a node that
 #: matches late (a short-lived publisher such as `robot-wm models rollback` may be gone by then)
@@ -58,6 +73,7 @@ class WorldModelSwap:
         self._loading: threading.Thread | None = None
         self.last_refusal = ""
         self.swaps = 0
+        self._paced = [0, 0]  # the last load's steps: [without a period's slack (none came), in one]
         self._started_ns = node.get_clock().now().nanoseconds  # older announcements are history (transient local)
         node.create_subscription(ModelUpdate, UPDATE_TOPIC, self._on_update, UPDATE_QOS)
 
@@ -113,6 +129,7 @@ class WorldModelSwap:
                                  "a late or stale announcement")
             if msg.sha256 and sha256_file(path) != msg.sha256:
                 raise ValueError(f"{path}: SHA-256 differs from the announced {msg.sha256[:16]}...")
+            started, self._paced = time.monotonic(), [0, 0]
             runner = self._load_runner(path)
         except Exception as exc:  # noqa: BLE001 (anything that fails to load is refused, never raised)
             self.last_refusal = f"model update {msg.set_version} ({msg.action}) refused: {type(exc).__name__}: {exc}"
@@ -122,10 +139,16 @@ class WorldModelSwap:
             self._pending = (runner, msg)
         self.node.get_logger().info(f"{self.KIND.replace('_', ' ')} {runner.version} ({msg.action} {msg.set_version}) loaded "
                                     + (f"(linearized by {runner.linearization}) " if self.analytic else "")
-                                    + "off the control thread: swapped in at the next period")
+                                    + f"off the control thread in {1e3 * (time.monotonic() - started):.0f} ms "
+                                    f"({self._paced[1]} of {sum(self._paced)} steps in a period's slack): "
+                                    "swapped in at the next period")
+
+    def _pace(self) -> None:
+        """Before each step of a load: wait for a period's slack (counted: in one, or none came)."""
+        self._paced[PERIOD_ENDS.wait_for_slack()] += 1
 
     def _load_runner(self, path):
-        return load_runner(path, self.joint_names, self.dt_s, self.analytic)
+        return load_runner(path, self.joint_names, self.dt_s, self.analytic, pace=self._pace)
 
     def _next(self, current):
         """The loaded (runner, update) unless there is none or ``current`` is that model already."""
@@ -173,9 +196,10 @@ class PolicySwap(WorldModelSwap):
 
         from robot_wm.core.policy_runner import PolicyRunner, layout_width
 
-        runner = PolicyRunner(path, self.joint_names, self.dt_s, task=self.task)
+        runner = PolicyRunner(path, self.joint_names, self.dt_s, task=self.task, pace=self._pace)
         obs = np.zeros(layout_width(runner.obs_layout))
         for _ in range(3):  # the session's first runs allocate and plan: not on the control thread
+            self._pace()
             runner.act(obs)
         return runner
 
@@ -191,10 +215,10 @@ class PolicySwap(WorldModelSwap):
 
 
 def retire(runner, after_s: float = _RETIRE_AFTER_S) -> None:
-    """Release a replaced runner off the control thread: freeing its onnxruntime sessions takes 2-6 ms
-    (the filter's, with the linearization graph), a period's worth of budget if the control thread did
-    it. A thread of its own keeps the last reference for ``after_s`` (the caller drops its own meanwhile)
-    and then lets it go, just below the control thread."""
+    """Release a replaced runner off the control thread: freeing its onnxruntime sessions takes 0.4-6.5 ms
+    (the filter's, with the linearization graph) with the interpreter lock held, much of a period's budget
+    if the control thread did it. A thread of its own keeps the last reference for ``after_s`` (the caller
+    drops its own meanwhile) and then lets it go, just below the control thread, in a period's slack."""
     if runner is None:
         return
     threading.Thread(target=_release_later, args=([runner], after_s), name="world_model_retire", daemon=True).start()
@@ -203,22 +227,25 @@ def retire(runner, after_s: float = _RETIRE_AFTER_S) -> None:
 def _release_later(box: list, after_s: float) -> None:
     threading.Event().wait(after_s)
     below_the_control_thread()
+    PERIOD_ENDS.wait_for_slack()  # freeing a session holds the interpreter lock for milliseconds
     box.clear()
 
 
-def load_runner(path, joint_names, dt_s: float, analytic: bool):
+def load_runner(path, joint_names, dt_s: float, analytic: bool, pace: Callable[[], object] | None = None):
     """The loader's work: the runner of ``path`` (checked as a world model of this arm and period; with
     its linearization graph when ``analytic``), its sessions already run a few times. onnxruntime's first
     runs of a session allocate and plan, which would otherwise fall on the control thread's first
-    periods with it."""
+    periods with it. ``pace``: see ``WorldModelRunner``."""
     import numpy as np
 
     from robot_wm.core.world_model_runner import WorldModelRunner
 
-    runner = WorldModelRunner(path, joint_names, dt_s, analytic=analytic)
+    runner = WorldModelRunner(path, joint_names, dt_s, analytic=analytic, pace=pace)
     n = len(runner.joint_names)
     q, zero = np.zeros(n), np.zeros(n)
     for _ in range(3):
+        if pace is not None:
+            pace()
         runner.predict(q, zero, zero, commit=False)
         if analytic:
             runner.linearize_with_std(q, zero, zero)
@@ -293,3 +320,55 @@ def below_realtime() -> str:
         return f"normal scheduler, nice {os.getpriority(os.PRIO_PROCESS, tid)}"
     except (OSError, AttributeError) as exc:
         return f"unchanged ({exc})"
+
+
+class PeriodEnds:
+    """When this process's control work of a period is done: the slack in which a loader's long steps start.
+
+    Each control-path node of the process marks the end of its work in a period (``mark`` with its
+    place: ``PLACE_POLICY``, ``PLACE_FILTER``, ``PLACE_WORLD_MODEL``). The period's work ends with the
+    mark of the latest place among the nodes still marking (within the last 100 ms): in the composed
+    process the world_model node's prediction, in a process of its own each node's own step. A mark
+    costs the control thread an uncontended lock (about a microsecond)."""
+
+    def __init__(self, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self._clock = clock  # ns
+        self._cond = threading.Condition(threading.Lock())
+        self._last_ns: dict[int, int] = {}  # place -> its latest mark
+        self._ends = 0
+        self._end_ns = 0
+
+    def mark(self, place: int) -> None:
+        """Called by the control thread when its node's work of this period is done."""
+        now = self._clock()
+        with self._cond:
+            self._last_ns[place] = now
+            if all(p <= place or now - t > _ACTIVE_NS for p, t in self._last_ns.items()):
+                self._ends += 1
+                self._end_ns = now
+                self._cond.notify_all()
+
+    @property
+    def count(self) -> int:
+        """Periods ended so far."""
+        return self._ends
+
+    def wait_for_slack(self, timeout_s: float = _SLACK_WAIT_S) -> bool:
+        """Block until a period's work has just ended (True; woken more than 1 ms after it, wait for the
+        next), or ``timeout_s`` passes without one (False: no control period is running; go on)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            seen = self._ends
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+                if self._ends != seen:
+                    if self._clock() - self._end_ns <= _SLACK_START_NS:
+                        return True
+                    seen = self._ends
+
+
+#: The process's period ends (one control thread per process).
+PERIOD_ENDS = PeriodEnds()

@@ -46,6 +46,7 @@ from robot_wm.core.slew import DEFAULT_SLEW_FRACTION, trust_scales
 from robot_wm.core.teleop import DEFAULT_DEADMAN_S, DEFAULT_REST_RADPS
 from robot_wm.nodes.control_node import ControlNode
 from robot_wm.nodes.conversions import InputError, vector
+from robot_wm.nodes.model_swap import PERIOD_ENDS, PLACE_POLICY
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import NodeConfigError, main_for
 
@@ -259,6 +260,7 @@ class PolicyNode(ControlNode):
         if self.slew is not None:
             action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
+        PERIOD_ENDS.mark(PLACE_POLICY)
 
     # ---- human intervention
     def _intervention_setup(self) -> None:
@@ -378,6 +380,7 @@ class PolicyNode(ControlNode):
         if self.slew is not None:
             action = self.slew.limit(action, qdot, accel)
         self._pub.publish(Float64MultiArray(data=action.astype(float).tolist()))
+        PERIOD_ENDS.mark(PLACE_POLICY)
 
 
 main = main_for(PolicyNode)

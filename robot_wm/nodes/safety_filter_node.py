@@ -55,7 +55,7 @@ from robot_wm.msg import SafetyStatus, TrustState
 from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 
 ANY_SENSOR = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)  # see the wrench subscription
-from robot_wm.nodes.model_swap import retire
+from robot_wm.nodes.model_swap import PERIOD_ENDS, PLACE_FILTER, retire
 
 _DIGITS = re.compile(r"[0-9][0-9.e+-]*")  # the numbers in a stop's reason (ages, values)
 from robot_wm.nodes.params import declare
@@ -399,6 +399,7 @@ class SafetyFilterNode(ControlNode):
             self.get_logger().error(f"unexpected exception in a control period (controlled stop, FAULT latched):\n{out.traceback}")
         self._log_stop(out)
         self._publish(out)
+        PERIOD_ENDS.mark(PLACE_FILTER)  # a model loader's long steps start now, in the slack
         if self.period_hook is not None:
             self.period_hook(PeriodRecord(self.state_stamp_ns, self.state_received_ns, start_ns, time.time_ns(), int(out.state)))
 

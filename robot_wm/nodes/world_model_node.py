@@ -30,7 +30,7 @@ from robot_wm.contracts import N_JOINTS, STATE_LAYOUT
 from robot_wm.msg import WorldModelPrediction
 from robot_wm.nodes.control_node import LATEST_ONLY, ControlNode
 from robot_wm.nodes.conversions import InputError, vector
-from robot_wm.nodes.model_swap import retire
+from robot_wm.nodes.model_swap import PERIOD_ENDS, PLACE_WORLD_MODEL, retire
 from robot_wm.nodes.params import declare
 from robot_wm.nodes.runner import main_for
 
@@ -108,11 +108,13 @@ class WorldModelNode(ControlNode):
             return
         if self._pred_pub is not None and self._control_timer is not None:  # active
             self._predict(self._command[1])
+            PERIOD_ENDS.mark(PLACE_WORLD_MODEL)  # the last of a period's work in the composed process
 
     def control_step(self) -> None:
         """Without commands (the hardware holds zero after its timeout) predict zero each period."""
         if not (self._command and time.monotonic() - self._command[0] <= self.stale_s):
             self._predict(np.zeros(N_JOINTS))
+            PERIOD_ENDS.mark(PLACE_WORLD_MODEL)
 
     def _predict(self, command: np.ndarray) -> None:
         """Predict the next state from the latest one and ``command``; publish it."""
