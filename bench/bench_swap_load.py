@@ -11,7 +11,7 @@ process, the control path's real period (``robot_wm.benchmarks.hotpath``: policy
 Loader scheduling, one run each:
 
 * ``none``: no loader (what the hogs alone cost);
-* ``below`` (shipped): ``loader_scheduling()`` — just below the control thread (SCHED_FIFO one priority
+* ``below`` (shipped until ``slack``): ``loader_scheduling()`` — just below the control thread (SCHED_FIFO one priority
   lower when the control thread is real-time, its nice value otherwise), lock handed back every 0.5 ms;
 * ``nice10``: the loader at the normal scheduler and nice 10 (the first version): it holds the lock and
   then waits behind the hogs, and so does the control thread (priority inversion).
@@ -22,6 +22,10 @@ Loader scheduling, one run each:
   since 2026-12-07 (``model_swap._LOADS_IN_TURN``): on the live stack, whose executor hands the
   interpreter lock over at every onnxruntime run and publish, ``bench_swap_storm.py`` measured 2 of
   118 swaps missing a period in turn against 6 of 116 side by side.
+* ``slack`` (shipped): ``below``, and each step of the load (each session's creation,
+  the linearization graph's parsing and building, each sample of its check, each warm-up run) starts
+  within 1 ms after a period's end (``model_swap.PERIOD_ENDS``, which this loop marks as the nodes do);
+* ``two_slack``: the two loads in turn, each step in the slack (the composed process now).
 
 Reported per run: the lateness of each period's end against its deadline (its scheduled start + one
 period), p50 / p99 / max in ms; late periods (ended after their deadline); and missed periods as
@@ -29,7 +33,7 @@ period), p50 / p99 / max in ms; late periods (ended after their deadline); and m
 periods' ends (a period that ends early followed by one that ends just in time also counts).
 
 Usage: python bench/bench_swap_load.py [--seconds 10] [--hogs 3] [--realtime-priority 50]
-       [--variants none,below,nice10,two[,two_serial]] [--json]
+       [--variants none,below,nice10,two[,two_serial,slack,two_slack]] [--json]
 (``--realtime-priority 0``: the control thread at the normal scheduler.)
 """
 from __future__ import annotations
@@ -73,7 +77,7 @@ def run_once(variant: str, seconds: float, priority: int) -> dict:
     from robot_wm.benchmarks.hotpath import build_hot_path, enable_hot_path
     from robot_wm.core.policy_runner import make_obs
     from robot_wm.core.safety import JointSample, NominalSample, WrenchSample
-    from robot_wm.nodes.model_swap import load_runner, loader_scheduling
+    from robot_wm.nodes.model_swap import PERIOD_ENDS, PLACE_WORLD_MODEL, load_runner, loader_scheduling
     from robot_wm.paths import data_path
 
     hp = build_hot_path(PERIOD_S)
@@ -92,17 +96,19 @@ def run_once(variant: str, seconds: float, priority: int) -> dict:
     stop = threading.Event()
     loads = [0]
 
-    turns = threading.Lock() if variant == "two_serial" else contextlib.nullcontext()
+    turns = threading.Lock() if variant in ("two_serial", "two_slack") else contextlib.nullcontext()
+    pace = PERIOD_ENDS.wait_for_slack if variant.endswith("slack") else None
 
     def loader(analytic: bool) -> None:
         with loader_scheduling() if variant != "nice10" else _old_loader_scheduling():
             while not stop.is_set():
                 with turns:
-                    load_runner(wm_path, hp.names, PERIOD_S, analytic)
+                    load_runner(wm_path, hp.names, PERIOD_S, analytic, pace=pace)
                 loads[0] += 1
                 stop.wait(0.1)
 
-    kinds = {"none": (), "below": (True,), "nice10": (True,), "two": (True, False), "two_serial": (True, False)}
+    kinds = {"none": (), "below": (True,), "nice10": (True,), "two": (True, False), "two_serial": (True, False),
+             "slack": (True,), "two_slack": (True, False)}
     threads = [threading.Thread(target=loader, args=(a,), daemon=True) for a in kinds[variant]]
     ends, starts = [], []
     try:
@@ -122,6 +128,7 @@ def run_once(variant: str, seconds: float, priority: int) -> dict:
                                nominal=NominalSample(action, sim_t), wrench=WrenchSample(np.zeros(3), sim_t, ft))
             hp.predictor.predict(q, qd, out.u_safe_radps)
             ends.append(time.perf_counter())
+            PERIOD_ENDS.mark(PLACE_WORLD_MODEL)  # as the nodes do: a paced loader's long steps start now
             qd = np.asarray(out.u_safe_radps, dtype=float)
             q = q + qd * PERIOD_S
             if hp.ctrl.supervisor.latched and not np.any(qd):
