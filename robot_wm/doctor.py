@@ -146,7 +146,9 @@ class _DriverProbe:
         from sensor_msgs.msg import JointState
 
         self.node = rclpy.create_node("robot_wm_doctor_driver", context=context)
-        qos = QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE)
+        # 2 s of a 500 Hz arm: on a loaded machine this executor may fall behind the stream, and a shallow
+        # queue then drops the very states the probe judges (depth 50 kept 0.1 s)
+        qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.states: list[tuple[float, list[str], list[float], list[float], list[float]]] = []
         self.statuses: list = []
         self.node.create_subscription(JointState, states_topic, self._on_state, qos)

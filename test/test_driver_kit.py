@@ -278,7 +278,7 @@ def test_doctor_passes_the_example_driver_and_catches_a_driver_without_a_timeout
                         "-r", "__node:=no_timeout_arm"])
         assert wait_for(lambda: client.latest() is not None and client.latest()[0] > time.monotonic() - 0.1, 30.0)
         checks = {c.what: c for c in doctor.check_driver(rest_margin_s=0.5)}
-        assert checks["driver: commands"].level == "OK"  # the command reached the arm: the probe was real
+        assert checks["driver: commands"].level == "OK", checks  # the command reached the arm: the probe was real
         timeout = checks["driver: command timeout"]
         assert timeout.level == "FAIL" and "still moving" in timeout.detail, timeout
         assert wait_for(lambda: _at_rest(client), 5.0)  # the doctor stopped the arm it had moved
