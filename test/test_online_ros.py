@@ -203,7 +203,9 @@ def test_a_stale_or_tampered_announcement_is_refused_and_the_current_model_stays
         time.sleep(1.0)
         assert watcher.version() == current and watcher.filter_diag.get("world_model") == current
         assert watcher.filter_diag.get("world_model_swaps") == "0"
-        assert wait_for(lambda: client.statuses[-1].state in (0, 1) and not client.statuses[-1].latches, 5.0), \
+        # the refusals stopped nothing: no fault and no latch of the filter's own (on a loaded machine the trust
+        # monitor may stop the arm on the response lag, as it should: once beside a busy loop, not the refusal's doing)
+        assert wait_for(lambda: not client.statuses[-1].fault_kind and set(client.statuses[-1].latches) <= {"trust"}, 5.0), \
             client.statuses[-1]
         assert all(p.process.poll() is None for p in procs.values()), _logs(procs)
     finally:
